@@ -1,0 +1,8 @@
+"""minibert: a readable, exact BERT encoder in PyTorch."""
+
+from .config import BertConfig
+from .loading import CheckpointError
+from .model import BertModel, BertOutput
+
+__all__ = ["BertConfig", "BertModel", "BertOutput", "CheckpointError"]
+__version__ = "0.1.0"

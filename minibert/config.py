@@ -1,0 +1,130 @@
+"""BERT hyper-parameters, with the field names of transformers' ``config.json``.
+
+The defaults are those of BERT-base (Devlin et al. 2019, section 3). Two of them decide exact parity
+with transformers and are easy to get wrong:
+
+* ``layer_norm_eps = 1e-12`` (not PyTorch's default 1e-5): every official BERT checkpoint uses it.
+* ``hidden_act = "gelu"`` means the exact erf GELU, ``x * Phi(x)``; the tanh approximation differs by
+  up to ~5e-4, which is far above our 1e-5 parity bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+#: activations a config may name, as transformers names them
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522  # rows of the word-embedding table (WordPiece vocabulary size)
+    hidden_size: int = 768  # d_model: width of every token vector between blocks
+    num_hidden_layers: int = 12  # N: number of encoder blocks
+    num_attention_heads: int = 12  # h: heads per attention layer; d_head = hidden_size / h
+    intermediate_size: int = 3072  # d_ff: inner width of the feed-forward network (4 x hidden)
+    hidden_act: str = "gelu"  # feed-forward activation; "gelu" is the exact erf GELU
+    hidden_dropout_prob: float = 0.1  # dropout on embeddings and on each sub-layer output (training only)
+    attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities (training only)
+    max_position_embeddings: int = 512  # rows of the position table = longest input in tokens
+    type_vocab_size: int = 2  # segment (token type) embeddings: sentence A = 0, sentence B = 1
+    layer_norm_eps: float = 1e-12  # epsilon of every LayerNorm; 1e-12 in all official checkpoints
+    pad_token_id: int = 0  # id of [PAD]; kept for the tokenizer and for writing config.json
+    position_embedding_type: str = "absolute"  # the only kind minibert implements
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise ValueError naming the field, its value and the rule it breaks."""
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(
+                f"BertConfig.hidden_act {self.hidden_act!r} is not supported; choose one of {ACTIVATIONS}")
+        if self.position_embedding_type != "absolute":
+            raise ValueError(
+                f"BertConfig.position_embedding_type {self.position_embedding_type!r} is not supported: "
+                "minibert implements absolute position embeddings only (transformers 5 silently ignores "
+                "'relative_key'/'relative_key_query' and computes something else; we refuse instead)")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+        if not float(self.layer_norm_eps) > 0:
+            raise ValueError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"BertConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})")
+
+    @property
+    def head_size(self) -> int:
+        """d_head = d_model / h (64 for BERT-base)."""
+        return self.hidden_size // self.num_attention_heads
+
+    # --------------------------------------------------------- config.json I/O
+    @classmethod
+    def from_dict(cls, data: dict) -> "BertConfig":
+        """Build from a config.json dict; keys that are not fields (architectures, initializer_range,
+        label maps, ...) do not change what the encoder computes and are ignored."""
+        data = dict(data)
+        if data.get("position_embedding_type") is None:
+            data["position_embedding_type"] = "absolute"
+        if data.get("pad_token_id") is None:
+            data["pad_token_id"] = 0
+        if data.get("model_type", "bert") != "bert":
+            raise ValueError(f"config.json has model_type {data['model_type']!r}; minibert loads 'bert' only")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict:
+        """config.json content that transformers' BertModel reads back to the same model."""
+        data = {"architectures": ["BertModel"], "model_type": "bert"}
+        data.update(dataclasses.asdict(self))
+        return data
+
+    def to_json_file(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    # ----------------------------------------------------------------- presets
+    @classmethod
+    def from_preset(cls, name: str) -> "BertConfig":
+        """Geometry of an official checkpoint, e.g. ``BertConfig.from_preset("bert-base-uncased")``."""
+        key = name.split("/")[-1]
+        if key not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+        return cls(**PRESETS[key])
+
+
+#: geometry of the official Google checkpoints (their config.json files on the hub)
+PRESETS = {
+    "bert-base-uncased": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                              num_attention_heads=12, intermediate_size=3072),
+    "bert-base-cased": dict(vocab_size=28996, hidden_size=768, num_hidden_layers=12,
+                            num_attention_heads=12, intermediate_size=3072),
+    "bert-large-uncased": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+                               num_attention_heads=16, intermediate_size=4096),
+    "bert-large-cased": dict(vocab_size=28996, hidden_size=1024, num_hidden_layers=24,
+                             num_attention_heads=16, intermediate_size=4096),
+}

