@@ -1,0 +1,466 @@
+"""BERT's WordPiece tokenizer, from scratch, with the ids and offsets of transformers' BertTokenizerFast.
+
+    text ──► split off special tokens ──► normalise ──► pre-tokenise ──► WordPiece ──► [CLS] a [SEP] b [SEP]
+
+1. Special tokens written in the text (``[CLS]``, ``[SEP]``, ``[MASK]``, ...) are found first, in the
+   original text, and kept whole.
+2. Normalise each remaining piece, one character at a time:
+   clean (drop NUL, U+FFFD and control/format/unassigned characters; whitespace becomes a space),
+   put spaces around CJK ideographs, strip accents (NFD, drop non-spacing marks), lowercase.
+3. Pre-tokenise: split on whitespace (dropped) and on every punctuation character (kept, alone).
+4. WordPiece (Wu et al. 2016; Devlin et al. 2019): greedy longest match from the left; pieces after the
+   first carry ``##``. A word longer than 100 characters, or one the vocabulary cannot cover, is [UNK].
+
+Every normalised character remembers the span of the original character it came from, so each token's
+``offset_mapping`` points into the text the user gave. The WordPiece result of each word is cached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import unicodedata
+import warnings
+from pathlib import Path
+
+from . import _unicode_tables as _tables
+
+# ------------------------------------------------------------------------------ character classes
+# The Rust tokenizers library classifies characters with Unicode tables older than Python's unicodedata
+# (characters added since count as letters there), so the classes below are the reference's own, probed
+# code point by code point by tools/gen_unicode_tables.py and stored as sorted (first, last) ranges.
+WHITESPACE = frozenset(_tables.WHITESPACE + " ")  # becomes a space, then separates words
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+               (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def _in(ranges: list, starts: list, ch: str) -> bool:
+    k = bisect.bisect_right(starts, ord(ch)) - 1
+    return k >= 0 and ord(ch) <= ranges[k][1]
+
+
+_CONTROL_STARTS = [lo for lo, _ in _tables.CONTROL]
+_PUNCT_STARTS = [lo for lo, _ in _tables.PUNCTUATION]
+_MARK_STARTS = [lo for lo, _ in _tables.MARK]
+
+
+def is_cjk(ch: str) -> bool:
+    """CJK Unified Ideographs (and extensions, compatibility ideographs): each becomes its own word.
+    Hangul, kana and Thai are not in these blocks and are tokenised like any other letters."""
+    cp = ord(ch)
+    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+
+
+def is_control(ch: str) -> bool:
+    """Removed by text cleaning: NUL, U+FFFD, control, format and private-use characters."""
+    return _in(_tables.CONTROL, _CONTROL_STARTS, ch)
+
+
+def is_punctuation(ch: str) -> bool:
+    """Unicode punctuation plus every ASCII symbol ($, +, <, ^, `, |, ~ are symbols in Unicode)."""
+    return _in(_tables.PUNCTUATION, _PUNCT_STARTS, ch)
+
+
+def is_mark(ch: str) -> bool:
+    """A non-spacing combining mark (an accent once NFD has split it off its letter)."""
+    return _in(_tables.MARK, _MARK_STARTS, ch)
+
+
+_ASCII_SIMPLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # ASCII characters that need the general path
+_ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # an ASCII word, or one ASCII punctuation
+
+
+class Encoding(dict):
+    """What the tokenizer returns: a dict (``model(**encoding)`` works) with attribute access."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class BertTokenizer:
+    """WordPiece tokenizer with BertTokenizerFast's behaviour, in pure Python.
+
+    ``BertTokenizer("vocab.txt", do_lower_case=True)`` or ``BertTokenizer.from_pretrained(source)``.
+    """
+
+    def __init__(self, vocab, *, do_lower_case: bool = True, strip_accents: bool | None = None,
+                 tokenize_chinese_chars: bool = True, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                 cls_token="[CLS]", mask_token="[MASK]", model_max_length: int = 512,
+                 max_input_chars_per_word: int = 100):
+        if isinstance(vocab, (str, Path)):
+            vocab = load_vocab(vocab)
+        elif isinstance(vocab, (list, tuple)):
+            vocab = {token: i for i, token in enumerate(vocab)}
+        self.vocab: dict[str, int] = dict(vocab)
+        self.ids_to_tokens = {i: t for t, i in sorted(self.vocab.items(), key=lambda kv: kv[1], reverse=True)}
+        self.do_lower_case = do_lower_case
+        self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # as transformers
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.unk_token, self.sep_token, self.pad_token = unk_token, sep_token, pad_token
+        self.cls_token, self.mask_token = cls_token, mask_token
+        for name in ("unk_token", "sep_token", "pad_token", "cls_token"):
+            if getattr(self, name) not in self.vocab:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not in the vocabulary")
+        self.model_max_length = model_max_length
+        self.max_input_chars_per_word = max_input_chars_per_word
+        self.all_special_tokens = [t for t in (unk_token, sep_token, pad_token, cls_token, mask_token)
+                                   if t is not None and t in self.vocab]
+        self.all_special_ids = [self.vocab[t] for t in self.all_special_tokens]
+        # longest first, so that a special token that contains another wins (leftmost-longest match)
+        self._special_re = re.compile("|".join(re.escape(t) for t in sorted(self.all_special_tokens,
+                                                                             key=len, reverse=True)))
+        self._norm_cache: dict[str, str] = {}
+        self._word_cache: dict[str, tuple] = {}
+
+    # ------------------------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, source, *, revision=None) -> "BertTokenizer":
+        """A directory (vocab.txt or tokenizer.json, tokenizer_config.json), a file inside one, or a hub id."""
+        from .loading import resolve_source
+
+        path = resolve_source(source, revision=revision,
+                              files=["vocab.txt", "tokenizer_config.json", "tokenizer.json",
+                                     "special_tokens_map.json", "config.json"])
+        directory = path if path.is_dir() else path.parent
+        options = {}
+        fast = _read_json(directory / "tokenizer.json")
+        if fast:  # the fast tokenizer's own normaliser settings, overridden by tokenizer_config.json below
+            norm = fast.get("normalizer") or {}
+            if norm.get("type") == "BertNormalizer":
+                options.update(do_lower_case=norm.get("lowercase", True), strip_accents=norm.get("strip_accents"),
+                               tokenize_chinese_chars=norm.get("handle_chinese_chars", True))
+        config = _read_json(directory / "tokenizer_config.json")
+        specials = dict(_read_json(directory / "special_tokens_map.json"))
+        specials.update({k: v for k, v in config.items() if k.endswith("_token")})
+        for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length"):
+            if config.get(key) is not None or key == "strip_accents" and key in config:
+                options[key] = config[key]
+        for key in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+            if key in specials:
+                value = specials[key]
+                options[key] = value.get("content") if isinstance(value, dict) else value
+        if "model_max_length" not in options or options["model_max_length"] > 10**9:
+            model_config = _read_json(directory / "config.json")
+            options["model_max_length"] = model_config.get("max_position_embeddings", 512)
+        if (directory / "vocab.txt").exists():
+            vocab = load_vocab(directory / "vocab.txt")
+        elif fast and (fast.get("model") or {}).get("type") == "WordPiece":
+            vocab = fast["model"]["vocab"]
+            options.setdefault("max_input_chars_per_word", fast["model"].get("max_input_chars_per_word", 100))
+        else:
+            raise FileNotFoundError(f"no vocab.txt, and no WordPiece tokenizer.json, in {directory}")
+        return cls(vocab, **options)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    # ------------------------------------------------------------------------------ normalisation
+    def _normalise_char(self, ch: str) -> str:
+        """What one original character becomes: '' (dropped), ' ' or one or more characters."""
+        out = self._norm_cache.get(ch)
+        if out is not None:
+            return out
+        if is_control(ch):
+            out = ""
+        elif ch in WHITESPACE:
+            out = " "
+        else:
+            out = ch
+            if self.strip_accents:
+                out = _tables.NFD_EXCEPTIONS.get(ord(ch)) or "".join(
+                    c for c in unicodedata.normalize("NFD", ch) if not is_mark(c))
+            if self.do_lower_case:  # char by char (no final-sigma rule), as the reference does
+                out = "".join(_tables.LOWER_EXCEPTIONS.get(ord(c)) or c.lower() for c in out)
+            if self.tokenize_chinese_chars and is_cjk(ch):
+                out = f" {out} "
+        self._norm_cache[ch] = out
+        return out
+
+    def _words(self, text: str, base: int = 0):
+        """Normalise and pre-tokenise one piece of text (no special tokens in it), which starts at
+        ``base`` in the original text. Yields (normalised word, origins): origins[k] is the index in the
+        original text of the character that normalised character k came from, or None on the ASCII fast
+        path, where character k of the word is simply original character ``base + k``."""
+        if text.isascii() and not _ASCII_SIMPLE.search(text):  # fast path: offsets map one to one
+            lowered = text.lower() if self.do_lower_case else text
+            for m in _ASCII_WORDS.finditer(text):
+                yield lowered[m.start():m.end()], base + m.start()
+            return
+        chars, origins = [], []
+        for i, ch in enumerate(text, start=base):
+            for c in self._normalise_char(ch):
+                if c in WHITESPACE or is_punctuation(c):
+                    if chars:
+                        yield "".join(chars), origins
+                        chars, origins = [], []
+                    if c not in WHITESPACE:
+                        yield c, [i]  # punctuation is a word of its own
+                else:
+                    chars.append(c)
+                    origins.append(i)
+        if chars:
+            yield "".join(chars), origins
+
+    # ----------------------------------------------------------------------------------- WordPiece
+    def _wordpiece(self, word: str) -> tuple:
+        """Greedy longest-match-first split of one normalised word: ((piece, start, end), ...), where
+        start/end index the word's characters. [UNK] covers the whole word when it cannot be split."""
+        cached = self._word_cache.get(word)
+        if cached is not None:
+            return cached
+        n = len(word)
+        pieces = []
+        if n > self.max_input_chars_per_word:
+            pieces = None
+        else:
+            start = 0
+            while start < n:
+                end = n
+                while end > start:
+                    piece = word[start:end] if start == 0 else "##" + word[start:end]
+                    if piece in self.vocab:
+                        pieces.append((piece, start, end))
+                        break
+                    end -= 1
+                else:
+                    pieces = None
+                    break
+                start = end
+        result = tuple(pieces) if pieces is not None else ((self.unk_token, 0, n),)
+        if len(self._word_cache) < 500_000:
+            self._word_cache[word] = result
+        return result
+
+    def _encode_text(self, text: str) -> tuple[list[str], list[tuple[int, int]]]:
+        """Tokens and original character offsets of one text, without [CLS]/[SEP]."""
+        tokens, offsets = [], []
+        pos = 0
+        segments = []
+        for m in self._special_re.finditer(text) if self.all_special_tokens else ():
+            segments.append((text[pos:m.start()], pos, None))
+            segments.append((None, m.start(), m.group()))
+            pos = m.end()
+        segments.append((text[pos:], pos, None))
+        for piece, base, special in segments:
+            if special is not None:
+                tokens.append(special)
+                offsets.append((base, base + len(special)))
+                continue
+            for word, origins in self._words(piece, base):
+                for token, a, b in self._wordpiece(word):
+                    tokens.append(token)
+                    if isinstance(origins, int):  # ASCII fast path: origins is the word's start
+                        offsets.append((origins + a, origins + b))
+                    else:  # a piece spans from its first character's origin to past its last one's
+                        offsets.append((origins[a], origins[b - 1] + 1))
+        return tokens, offsets
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of a text, without special tokens added."""
+        return self._encode_text(text)[0]
+
+    def convert_tokens_to_ids(self, tokens):
+        if isinstance(tokens, str):
+            return self.vocab.get(tokens, self.vocab[self.unk_token])
+        unk = self.vocab[self.unk_token]
+        return [self.vocab.get(t, unk) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        if isinstance(ids, int) or hasattr(ids, "item") and getattr(ids, "ndim", 1) == 0:
+            return self._id_to_token(int(ids))
+        return [self._id_to_token(int(i)) for i in ids]
+
+    def _id_to_token(self, i: int) -> str:
+        token = self.ids_to_tokens.get(i)
+        if token is None:
+            raise ValueError(f"token id {i} is not in the vocabulary (ids are 0..{len(self.vocab) - 1})")
+        return token
+
+    # ------------------------------------------------------------------------------- __call__
+    def __call__(self, text, text_pair=None, *, add_special_tokens: bool = True, padding=False,
+                 truncation=None, max_length: int | None = None, return_tensors=None,
+                 return_offsets_mapping: bool = False, return_token_type_ids: bool = True,
+                 return_attention_mask: bool = True) -> Encoding:
+        """Tokenise one text or a batch, optionally paired, with transformers' calling convention."""
+        batched = isinstance(text, (list, tuple))
+        texts = list(text) if batched else [text]
+        if not batched and text_pair == "":
+            text_pair = None  # transformers treats an empty single pair as no pair (a batch keeps it)
+        if text_pair is None:
+            pairs = [None] * len(texts)
+        else:
+            if isinstance(text_pair, (list, tuple)) != batched:
+                raise ValueError("text and text_pair must both be strings or both be lists of strings")
+            pairs = list(text_pair) if batched else [text_pair]
+            if len(pairs) != len(texts):
+                raise ValueError(f"text has {len(texts)} entries but text_pair has {len(pairs)}")
+        for name, values in (("text", texts), ("text_pair", pairs)):
+            for v in values:
+                if v is not None and not isinstance(v, str):
+                    raise ValueError(f"{name} must be a string or a list of strings, got {type(v).__name__}")
+
+        padding = {True: "longest", False: "do_not_pad", None: "do_not_pad"}.get(padding, padding)
+        if padding not in ("longest", "max_length", "do_not_pad"):
+            raise ValueError(f"padding={padding!r}; use False, True, 'longest' or 'max_length'")
+        if truncation is None and max_length is not None and padding != "max_length":
+            warnings.warn("max_length is set but truncation is not: truncating with 'longest_first', as "
+                          "transformers does; pass truncation=True to silence this", stacklevel=2)
+            truncation = "longest_first"
+        truncation = {True: "longest_first", False: None, None: None, "do_not_truncate": None}.get(
+            truncation, truncation)
+        if truncation not in (None, "longest_first", "only_first", "only_second"):
+            raise ValueError(f"truncation={truncation!r}; use True, 'longest_first', 'only_first' or 'only_second'")
+        if max_length is None and (truncation is not None or padding == "max_length"):
+            max_length = self.model_max_length
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+
+        rows = []
+        for a, b in zip(texts, pairs):
+            a_tokens, a_offsets = self._encode_text(a)
+            b_tokens, b_offsets = self._encode_text(b) if b is not None else (None, None)
+            if truncation is not None:
+                n_special = (3 if b is not None else 2) if add_special_tokens else 0
+                a_len, b_len = truncated_lengths(len(a_tokens), None if b is None else len(b_tokens),
+                                                 max_length - n_special, truncation)
+                a_tokens, a_offsets = a_tokens[:a_len], a_offsets[:a_len]
+                if b is not None:
+                    b_tokens, b_offsets = b_tokens[:b_len], b_offsets[:b_len]
+            rows.append(self._assemble(a_tokens, a_offsets, b_tokens, b_offsets, add_special_tokens))
+
+        longest = max(len(r["input_ids"]) for r in rows)
+        if truncation is None and longest > self.model_max_length:
+            warnings.warn(f"a sequence has {longest} tokens, more than model_max_length="
+                          f"{self.model_max_length}; the model will refuse it. Pass truncation=True to "
+                          "truncate", stacklevel=2)
+        target = {"longest": longest, "max_length": max_length, "do_not_pad": None}[padding]
+        pad_id = self.vocab[self.pad_token]
+        for r in rows:
+            missing = (target or 0) - len(r["input_ids"])
+            if missing > 0:
+                r["input_ids"] += [pad_id] * missing
+                r["token_type_ids"] += [0] * missing
+                r["attention_mask"] += [0] * missing
+                r["offset_mapping"] += [(0, 0)] * missing
+
+        keys = ["input_ids"]
+        keys += ["token_type_ids"] if return_token_type_ids else []
+        keys += ["attention_mask"] if return_attention_mask else []
+        keys += ["offset_mapping"] if return_offsets_mapping else []
+        out = Encoding()
+        for key in keys:
+            values = [r[key] for r in rows]
+            out[key] = _as_tensor(key, values, return_tensors) if return_tensors else (
+                values if batched else values[0])
+        return out
+
+    def _assemble(self, a_tokens, a_offsets, b_tokens, b_offsets, add_special_tokens):
+        cls, sep = ([self.cls_token], [self.sep_token]) if add_special_tokens else ([], [])
+        tokens = cls + a_tokens + sep
+        offsets = [(0, 0)] * len(cls) + list(a_offsets) + [(0, 0)] * len(sep)
+        types = [0] * len(tokens)
+        if b_tokens is not None:
+            tokens += b_tokens + sep
+            offsets += list(b_offsets) + [(0, 0)] * len(sep)
+            types += [1] * (len(b_tokens) + len(sep))
+        return {"input_ids": self.convert_tokens_to_ids(tokens), "token_type_ids": types,
+                "attention_mask": [1] * len(tokens), "offset_mapping": offsets}
+
+    # ----------------------------------------------------------------------------------- decoding
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """Ids back to text as BertTokenizerFast decodes: pieces joined with spaces, ``##`` glued to the
+        previous piece, and no space before . , ! ?"""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if isinstance(ids, int):
+            ids = [ids]
+        tokens = self.convert_ids_to_tokens(ids)
+        if skip_special_tokens:
+            special = set(self.all_special_tokens)
+            tokens = [t for t in tokens if t not in special]
+        parts = []
+        for i, token in enumerate(tokens):
+            if i > 0:
+                token = token[2:] if token.startswith("##") else " " + token
+            parts.append(_cleanup(token))
+        return "".join(parts)
+
+    def batch_decode(self, sequences, skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
+
+
+def _cleanup(piece: str) -> str:
+    """The WordPiece decoder's clean-up, applied to each piece with its leading space."""
+    for dirty, clean in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                         (" 'm", "'m"), (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        piece = piece.replace(dirty, clean)
+    return piece
+
+
+def truncated_lengths(n_a: int, n_b: int | None, budget: int, strategy: str) -> tuple[int, int | None]:
+    """How many tokens of each sequence survive truncation to ``budget`` tokens (specials excluded),
+    with the rules of the tokenizers library."""
+    if budget < 0:
+        raise ValueError(f"max_length leaves no room for the special tokens")
+    if n_b is None:
+        if strategy == "only_second":
+            raise ValueError("truncation='only_second' needs a text_pair")
+        return min(n_a, budget), None
+    if n_a + n_b <= budget:
+        return n_a, n_b
+    if strategy == "only_first":
+        if n_b >= budget:
+            raise ValueError(f"truncation='only_first' cannot fit: the second sequence alone has {n_b} tokens, "
+                             f"the budget is {budget}")
+        return budget - n_b, n_b
+    if strategy == "only_second":
+        if n_a >= budget:
+            raise ValueError(f"truncation='only_second' cannot fit: the first sequence alone has {n_a} tokens, "
+                             f"the budget is {budget}")
+        return n_a, budget - n_a
+    # longest_first: keep the shorter whole if it fits in half, else give each half the budget
+    short, long_ = sorted((n_a, n_b))
+    long_ = short if short > budget else max(short, budget - short)
+    if short + long_ > budget:
+        short = budget // 2
+        long_ = short + budget % 2
+    return (long_, short) if n_a > n_b else (short, long_)
+
+
+def _as_tensor(key, values, return_tensors):
+    lengths = {len(v) for v in values}
+    if len(lengths) > 1:
+        raise ValueError(f"cannot make one tensor of {key} with lengths {sorted(lengths)}; pass padding=True")
+    if return_tensors == "pt":
+        import torch
+
+        return torch.tensor(values, dtype=torch.long)
+    if return_tensors == "np":
+        import numpy as np
+
+        return np.array(values, dtype=np.int64)
+    raise ValueError(f"return_tensors={return_tensors!r}; use None, 'pt' or 'np'")
+
+
+def load_vocab(path) -> dict[str, int]:
+    """vocab.txt: one token per line, the line number is the id."""
+    vocab = {}
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            vocab[line.rstrip("\n")] = i
+    return vocab
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
