@@ -1,6 +1,9 @@
 """The ``minibert`` command line.
 
     minibert encode "some text" ["another text" ...] [--model M] [--layer -1] [--pool cls|mean] [--json]
+    minibert layers "some text" [--model M] [--plot out.png]
+    minibert probe data.conllu [--model M] [--column upos] [--plot out.png]
+    minibert embed texts.txt --layers -4: --pool mean --out vectors.npy
 
 Errors about files, models or options are printed as one line (``minibert: error: ...``), exit code 2.
 """
@@ -63,6 +66,92 @@ def cmd_encode(args) -> int:
     return 0
 
 
+def cmd_layers(args) -> int:
+    import torch
+
+    from . import layers as L
+
+    model, tokenizer = _load(args.model)
+    batch = tokenizer([args.text], truncation=True, return_tensors="pt")
+    with torch.inference_mode():
+        out = model(**batch)
+    mask = batch["attention_mask"]
+    exclude = [tokenizer.vocab[tokenizer.cls_token], tokenizer.vocab[tokenizer.sep_token]] if args.exclude_special else []
+    stats = L.layer_statistics(out.hidden_states, L.token_mask(mask, batch["input_ids"], exclude))
+    cka = L.cka_matrix(out.hidden_states, mask, batch["input_ids"], exclude)
+    tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+    print(f"{args.text!r} -> {len(tokens)} tokens: {' '.join(tokens)}")
+    print(f"model {args.model}: hidden_states[0] = embeddings output, [1..{len(out.hidden_states) - 1}] = blocks"
+          + ("; [CLS]/[SEP] excluded" if exclude else ""))
+    print(f"{'layer':>5}  {'norm mean':>9}  {'norm std':>8}  {'cos prev':>8}  {'cos last':>8}  {'CKA last':>8}")
+    for i in range(len(out.hidden_states)):
+        prev = stats["cos_previous"][i]
+        print(f"{i:>5}  {float(stats['norm_mean'][i]):>9.3f}  {float(stats['norm_std'][i]):>8.3f}  "
+              f"{'-' if prev != prev else f'{float(prev):.3f}':>8}  {float(stats['cos_last'][i]):>8.3f}  "
+              f"{float(cka[i, -1]):>8.3f}")
+    if args.plot:
+        from .plots import similarity_heatmap
+
+        path = similarity_heatmap(cka, args.plot, title=f"Linear CKA between layers\n{args.text[:60]!r}")
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_probe(args) -> int:
+    from .probing import probe_model, read_conllu
+
+    data = read_conllu(args.data, column=args.column)
+    model, tokenizer = _load(args.model)
+    result = probe_model(model, tokenizer, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed,
+                         progress=not args.quiet)
+    print(f"probing {args.column} in {args.data} ({len(data)} sentences) with {args.model}, pool={args.pool}, "
+          f"seed={args.seed}")
+    print(result.table())
+    if args.plot:
+        from .plots import probe_curve
+
+        print(f"wrote {probe_curve(result, args.plot, title=f'Linear probe for {args.column}, per layer')}")
+    return 0
+
+
+def cmd_embed(args) -> int:
+    import numpy as np
+    import torch
+
+    from . import layers as L
+
+    try:
+        with open(args.texts, encoding="utf-8") as f:
+            texts = f.read().splitlines()
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {args.texts}: {e}") from None
+    if not texts:
+        raise ValueError(f"{args.texts} has no lines")
+    model, tokenizer = _load(args.model)
+    chosen = L.parse_layers(args.layers, model.config.num_hidden_layers + 1)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # length-sorted: little padding
+    result = [None] * len(texts)
+    from .probing import _progress
+
+    bar = _progress(len(texts), "embed", not args.quiet)
+    with torch.inference_mode():
+        for start in range(0, len(order), args.batch_size):
+            ids = order[start:start + args.batch_size]
+            batch = tokenizer([texts[i] for i in ids], padding=True, truncation=True, return_tensors="pt")
+            out = model(**batch)
+            pooled = L.pool(L.select_layers(out.hidden_states, chosen), batch["attention_mask"], args.pool)  # (k, B, H)
+            vectors = torch.cat(tuple(pooled), -1) if args.combine == "concat" else pooled.mean(0)
+            for i, v in zip(ids, vectors.float().numpy()):
+                result[i] = v
+            bar.update(len(ids))
+    bar.close()
+    array = np.stack(result)
+    np.save(args.out, array)
+    print(f"wrote {args.out}: {array.shape[0]} texts x {array.shape[1]} dims (layers {chosen}, pool={args.pool}, "
+          f"combine={args.combine})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minibert", description="A readable, exact BERT encoder.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,12 +164,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", choices=["cls", "mean"], default="mean", help="how to pool tokens (default mean)")
     p.add_argument("--json", action="store_true", help="print JSON with the full vectors")
     p.set_defaults(func=cmd_encode)
+
+    model_help = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
+    p = sub.add_parser("layers", help="per-layer table (norms, similarity) and a CKA heatmap for one text")
+    p.add_argument("text")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--plot", help="write the layer-similarity heatmap to this PNG")
+    p.add_argument("--exclude-special", action="store_true", help="leave [CLS] and [SEP] out of the statistics")
+    p.set_defaults(func=cmd_layers)
+
+    p = sub.add_parser("probe", help="train a linear probe per layer on word labels from a CoNLL-U file")
+    p.add_argument("data", help="a .conllu file")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
+    p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", help="write the accuracy-per-layer curve to this PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("embed", help="embed a file of texts (one per line) into a .npy matrix")
+    p.add_argument("texts", help="a text file, one text per line (row i of the output = line i)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--layers", default="-1", help="layers: -1, -4:, 0,6,-1 or all (default -1)")
+    p.add_argument("--pool", choices=["cls", "mean", "max"], default="mean")
+    p.add_argument("--combine", choices=["concat", "mean"], default="concat",
+                   help="how to join several layers (default concat: k x hidden dims)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", required=True, help="output .npy file")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_embed)
     return parser
+
+
+def _join_negative_values(argv):
+    """Let `--layers -4:` work: argparse would take '-4:' for an option."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--layers", "--layer") and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
+    for name in ("batch_size",):
+        if getattr(args, name, 1) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as e:

@@ -1,0 +1,239 @@
+"""Per-layer probing: where in the stack is a word-level property linearly decodable?
+
+    sentences (words + labels) ──► features for every layer, one forward pass per batch
+                               ──► a linear probe per layer on a training split of the sentences
+                               ──► held-out accuracy per layer, majority baseline, control task, selectivity
+
+A probe is a multinomial logistic regression on frozen features (Alain and Bengio 2016; Tenney et al.
+2019). The control task (Hewitt and Liang 2019) gives every word type one random label, fixed by the
+seed and drawn from the real label distribution; selectivity = real accuracy - control accuracy. High
+accuracy with low selectivity means the probe memorised word identities rather than read the property.
+
+Sub-words are pooled into words with the tokenizer's character offsets (first piece, or mean).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+# ------------------------------------------------------------------------------------------- reading
+def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str]]]:
+    """(words, labels) per sentence of a CoNLL-U file, labels from ``column`` (upos, xpos, deprel, ...).
+    Multi-word tokens (ranges like 1-2) and empty nodes (1.1) are skipped; the syntactic words are kept."""
+    try:
+        import conllu
+    except ImportError:
+        raise ImportError("reading CoNLL-U needs the conllu package: pip install 'minibert[conllu]'") from None
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    sentences = []
+    with open(path, encoding="utf-8") as f:
+        for number, sentence in enumerate(conllu.parse_incr(f), start=1):
+            words, labels = [], []
+            for token in sentence:
+                if not isinstance(token["id"], int):
+                    continue
+                if column not in token:
+                    raise ValueError(f"{path}: sentence {number} has no column {column!r}; columns are "
+                                     f"{list(token.keys())}")
+                words.append(token["form"])
+                labels.append(str(token[column]))
+            if words:
+                sentences.append((words, labels))
+    if not sentences:
+        raise ValueError(f"{path} holds no sentences")
+    return sentences
+
+
+# ---------------------------------------------------------------------------------------- features
+def word_spans(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """The words joined by single spaces, and each word's character span in that text."""
+    spans, pos = [], 0
+    for w in words:
+        spans.append((pos, pos + len(w)))
+        pos += len(w) + 1
+    return " ".join(words), spans
+
+
+def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool: str = "first",
+                          batch_size: int = 16, progress: bool = True):
+    """Features of every word at every layer: a float32 tensor (L + 1, n_words, H) and a list with one
+    (sentence index, word index) per row. Words that yield no sub-word (e.g. only control characters),
+    or that fall past the 512-token limit, are left out and not listed."""
+    if pool not in ("first", "mean"):
+        raise ValueError(f"pool {pool!r}; use 'first' or 'mean'")
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # length-sorted batches
+    chunks, index = [], []
+    bar = _progress(len(sentences), "features", progress)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            ids = order[start:start + batch_size]
+            texts, spans = zip(*(word_spans(sentences[i]) for i in ids))
+            batch = tokenizer(list(texts), padding=True, truncation=True, return_offsets_mapping=True,
+                              return_tensors="pt")
+            offsets = batch.pop("offset_mapping")
+            hidden = torch.stack(model(**batch).hidden_states).float()  # (L + 1, B, T, H)
+            for row, (sent, word_span) in enumerate(zip(ids, spans)):
+                pieces = _assign_pieces(offsets[row], batch["attention_mask"][row], word_span)
+                for w, positions in enumerate(pieces):
+                    if not positions:
+                        continue
+                    vec = hidden[:, row, positions[0]] if pool == "first" else hidden[:, row, positions].mean(1)
+                    chunks.append(vec)
+                    index.append((sent, w))
+            bar.update(len(ids))
+    bar.close()
+    if not chunks:
+        raise ValueError("no word produced a sub-word token")
+    features = torch.stack(chunks, dim=1)  # (L + 1, n_words, H)
+    order_back = sorted(range(len(index)), key=lambda k: index[k])  # back to corpus order
+    return features[:, order_back], [index[k] for k in order_back]
+
+
+def _assign_pieces(offsets, mask, spans):
+    """Token positions of each word: a token belongs to the word whose span contains its start."""
+    pieces = [[] for _ in spans]
+    w = 0
+    for t, ((a, b), m) in enumerate(zip(offsets.tolist(), mask.tolist())):
+        if not m or a == b:  # padding and special tokens
+            continue
+        while w < len(spans) and a >= spans[w][1]:
+            w += 1
+        if w < len(spans) and spans[w][0] <= a < spans[w][1]:
+            pieces[w].append(t)
+    return pieces
+
+
+def _progress(total, desc, enabled):
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+
+            return tqdm(total=total, desc=desc, unit="sent")
+        except ImportError:
+            pass
+
+    class _Silent:
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    return _Silent()
+
+
+# ------------------------------------------------------------------------------------------- probes
+def train_linear_probe(x_train, y_train, num_classes: int, *, l2: float = 0.1, max_iter: int = 50, seed: int = 0):
+    """Multinomial logistic regression, full-batch L-BFGS on standardised features. Deterministic.
+    ``l2`` (on the summed squared weights) limits the probe's capacity to memorise word identities, the
+    complexity control that Hewitt and Liang (2019) recommend; 0.1 keeps task accuracy while the
+    control task (pure memorisation) drops."""
+    torch.manual_seed(seed)
+    mean, std = x_train.mean(0), x_train.std(0).clamp(min=1e-6)
+    xs = (x_train - mean) / std
+    probe = torch.nn.Linear(xs.shape[1], num_classes).double()
+    torch.nn.init.zeros_(probe.weight)
+    torch.nn.init.zeros_(probe.bias)
+    xs = xs.double()
+    opt = torch.optim.LBFGS(probe.parameters(), lr=1, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(probe(xs), y_train) + l2 * probe.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    return lambda x: probe(((x - mean) / std).double()).argmax(-1)
+
+
+@dataclass
+class ProbeResult:
+    layers: list[int]
+    accuracy: list[float]  # held-out accuracy of the real task, per layer
+    control_accuracy: list[float]  # held-out accuracy of the control task, per layer
+    majority_baseline: float  # always predict the most frequent training label
+    n_train: int
+    n_test: int
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def selectivity(self) -> list[float]:
+        return [a - c for a, c in zip(self.accuracy, self.control_accuracy)]
+
+    @property
+    def best_layer(self) -> int:
+        return self.layers[max(range(len(self.layers)), key=lambda i: self.accuracy[i])]
+
+    def table(self) -> str:
+        lines = [f"{'layer':>5}  {'accuracy':>8}  {'control':>7}  {'selectivity':>11}",
+                 "-" * 38]
+        for l, a, c, s in zip(self.layers, self.accuracy, self.control_accuracy, self.selectivity):
+            mark = "  <- best" if l == self.best_layer else ""
+            lines.append(f"{l:>5}  {a:>8.3f}  {c:>7.3f}  {s:>11.3f}{mark}")
+        lines.append(f"majority baseline {self.majority_baseline:.3f}; {len(self.labels)} labels; "
+                     f"{self.n_train} training words, {self.n_test} held-out words")
+        return "\n".join(lines)
+
+
+def probe_layers(features: torch.Tensor, words: list[str], labels: list[str], sentence_ids: list[int], *,
+                 test_fraction: float = 0.2, seed: int = 0, control: bool = True, l2: float = 0.1) -> ProbeResult:
+    """Train and evaluate one probe per layer. ``features`` (L + 1, n, H); ``words``, ``labels``,
+    ``sentence_ids`` one per row. The split is by sentence, so no held-out sentence was seen in training."""
+    n = features.shape[1]
+    if not (len(words) == len(labels) == len(sentence_ids) == n):
+        raise ValueError("features, words, labels and sentence_ids must describe the same words")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    sentences = sorted(set(sentence_ids))
+    if len(sentences) < 2:
+        raise ValueError("probing needs at least 2 sentences (one to train on, one to test on)")
+    rng = random.Random(seed)
+    rng.shuffle(sentences)
+    n_test_sent = max(1, round(len(sentences) * test_fraction))
+    test_sentences = set(sentences[:n_test_sent])
+    test = torch.tensor([s in test_sentences for s in sentence_ids])
+    train = ~test
+
+    label_names = sorted(set(labels))
+    y = torch.tensor([label_names.index(l) for l in labels])
+    # control task: one random label per word type, drawn from the label distribution, fixed by the seed
+    counts = Counter(labels)
+    population, weights = zip(*sorted(counts.items()))
+    rng_control = random.Random(seed + 1)
+    control_of = {w: rng_control.choices(population, weights)[0] for w in sorted(set(words))}
+    y_control = torch.tensor([label_names.index(control_of[w]) for w in words])
+
+    majority = Counter(y[train].tolist()).most_common(1)[0][0]
+    baseline = float((y[test] == majority).double().mean())
+    acc, ctrl = [], []
+    for layer in range(features.shape[0]):
+        x = features[layer]
+        predict = train_linear_probe(x[train], y[train], len(label_names), l2=l2, seed=seed)
+        acc.append(float((predict(x[test]) == y[test]).double().mean()))
+        if control:
+            predict_c = train_linear_probe(x[train], y_control[train], len(label_names), l2=l2, seed=seed)
+            ctrl.append(float((predict_c(x[test]) == y_control[test]).double().mean()))
+        else:
+            ctrl.append(float("nan"))
+    return ProbeResult(list(range(features.shape[0])), acc, ctrl, baseline, int(train.sum()), int(test.sum()),
+                       label_names)
+
+
+def probe_model(model, tokenizer, data: list[tuple[list[str], list[str]]], *, pool: str = "first",
+                batch_size: int = 16, seed: int = 0, test_fraction: float = 0.2, progress: bool = True) -> ProbeResult:
+    """The whole pipeline on (words, labels) sentences: features for every layer, then probes."""
+    features, index = extract_word_features(model, tokenizer, [w for w, _ in data], pool=pool,
+                                            batch_size=batch_size, progress=progress)
+    words = [data[s][0][w].lower() for s, w in index]
+    labels = [data[s][1][w] for s, w in index]
+    return probe_layers(features, words, labels, [s for s, _ in index], seed=seed, test_fraction=test_fraction)
