@@ -409,7 +409,7 @@ def truncated_lengths(n_a: int, n_b: int | None, budget: int, strategy: str) -> 
     """How many tokens of each sequence survive truncation to ``budget`` tokens (specials excluded),
     with the rules of the tokenizers library."""
     if budget < 0:
-        raise ValueError(f"max_length leaves no room for the special tokens")
+        raise ValueError(f"max_length is {-budget} token(s) too small to hold the special tokens")
     if n_b is None:
         if strategy == "only_second":
             raise ValueError("truncation='only_second' needs a text_pair")
