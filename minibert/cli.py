@@ -214,9 +214,8 @@ def _join_negative_values(argv):
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
-    for name in ("batch_size",):
-        if getattr(args, name, 1) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if getattr(args, "batch_size", 1) < 1:
+        parser.error("--batch-size must be >= 1")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as e:

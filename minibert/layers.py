@@ -165,7 +165,7 @@ def _masked_layer_norm(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     count = m.sum() * h.shape[-1]
     mean = (h * m).sum(dim=(1, 2, 3), keepdim=True) / count  # (N, 1, 1, 1)
     var = (((h - mean) * m) ** 2).sum(dim=(1, 2, 3), keepdim=True) / count
-    tiny = 1e-13 if h.dtype == torch.float32 else 1e-4 if h.dtype in (torch.float16, torch.bfloat16) else 1e-13
+    tiny = 1e-4 if h.dtype in (torch.float16, torch.bfloat16) else 1e-13  # AllenNLP's tiny_value_of_dtype
     return (h - mean) / torch.sqrt(var + tiny)
 
 
