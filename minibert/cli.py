@@ -131,9 +131,9 @@ def cmd_embed(args) -> int:
     chosen = L.parse_layers(args.layers, model.config.num_hidden_layers + 1)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # length-sorted: little padding
     result = [None] * len(texts)
-    from .probing import _progress
+    from .probing import progress_bar
 
-    bar = _progress(len(texts), "embed", not args.quiet)
+    bar = progress_bar(len(texts), "embed", not args.quiet)
     with torch.inference_mode():
         for start in range(0, len(order), args.batch_size):
             ids = order[start:start + args.batch_size]

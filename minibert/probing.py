@@ -71,7 +71,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
         raise ValueError(f"pool {pool!r}; use 'first' or 'mean'")
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # length-sorted batches
     chunks, index = [], []
-    bar = _progress(len(sentences), "features", progress)
+    bar = progress_bar(len(sentences), "features", progress)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             ids = order[start:start + batch_size]
@@ -111,7 +111,7 @@ def _assign_pieces(offsets, mask, spans):
     return pieces
 
 
-def _progress(total, desc, enabled):
+def progress_bar(total, desc, enabled):
     if enabled:
         try:
             from tqdm.auto import tqdm

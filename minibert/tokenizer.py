@@ -96,7 +96,7 @@ class BertTokenizer:
         elif isinstance(vocab, (list, tuple)):
             vocab = {token: i for i, token in enumerate(vocab)}
         self.vocab: dict[str, int] = dict(vocab)
-        self.ids_to_tokens = {i: t for t, i in sorted(self.vocab.items(), key=lambda kv: kv[1], reverse=True)}
+        self.ids_to_tokens = {i: t for t, i in self.vocab.items()}
         self.do_lower_case = do_lower_case
         self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # as transformers
         self.tokenize_chinese_chars = tokenize_chinese_chars
@@ -187,8 +187,8 @@ class BertTokenizer:
     def _words(self, text: str, base: int = 0):
         """Normalise and pre-tokenise one piece of text (no special tokens in it), which starts at
         ``base`` in the original text. Yields (normalised word, origins): origins[k] is the index in the
-        original text of the character that normalised character k came from, or None on the ASCII fast
-        path, where character k of the word is simply original character ``base + k``."""
+        original text of the character that normalised character k came from; on the ASCII fast path
+        origins is instead the int start of the word, as character k is original character start + k."""
         if text.isascii() and not _ASCII_SIMPLE.search(text):  # fast path: offsets map one to one
             lowered = text.lower() if self.do_lower_case else text
             for m in _ASCII_WORDS.finditer(text):
