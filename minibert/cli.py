@@ -4,6 +4,7 @@
     minibert layers "some text" [--model M] [--plot out.png]
     minibert probe data.conllu [--model M] [--column upos] [--plot out.png]
     minibert embed texts.txt --layers -4: --pool mean --out vectors.npy
+    minibert inspect [--model M] [--batch 8] [--lengths 128,512]
 
 Errors about files, models or options are printed as one line (``minibert: error: ...``), exit code 2.
 """
@@ -152,6 +153,36 @@ def cmd_embed(args) -> int:
     return 0
 
 
+def cmd_inspect(args) -> int:
+    from pathlib import Path
+
+    from .accounting import format_report
+    from .config import PRESETS, BertConfig
+
+    lengths = []
+    for part in args.lengths.split(","):
+        try:
+            lengths.append(int(part))
+        except ValueError:
+            raise ValueError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    if any(T < 1 for T in lengths) or args.batch < 1:
+        raise ValueError("--lengths and --batch must be positive")
+    key = args.model.split("/")[-1]
+    if not Path(args.model).expanduser().exists() and key in PRESETS:
+        # official geometry: no download needed to count
+        target, name = BertConfig.from_preset(key), f"{args.model} (built-in geometry, no weights loaded)"
+    else:
+        from .model import BertModel
+
+        target, name = BertModel.from_pretrained(args.model), args.model
+    limit = (target if isinstance(target, BertConfig) else target.config).max_position_embeddings
+    too_long = [T for T in lengths if T > limit]
+    if too_long:
+        raise ValueError(f"--lengths {too_long} exceed max_position_embeddings={limit}")
+    print(format_report(target, name, lengths=lengths, batch=args.batch))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minibert", description="A readable, exact BERT encoder.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output .npy file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("inspect", help="parameters per component, FLOPs per token, activation memory")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=model_help + "; official names (bert-base-uncased, ...) use built-in geometry")
+    p.add_argument("--batch", type=int, default=8, help="batch size for the memory estimate (default 8)")
+    p.add_argument("--lengths", default="128,512", help="sequence lengths, comma-separated (default 128,512)")
+    p.set_defaults(func=cmd_inspect)
     return parser
 
 

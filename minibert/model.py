@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from . import hooks
+from .hooks import HookPoints
 
 
 # ----------------------------------------------------------------------------------------- activations
@@ -57,12 +59,16 @@ class BertOutput:
 
 
 # ---------------------------------------------------------------------------------------- embeddings
-class Embeddings(nn.Module):
+class Embeddings(nn.Module, HookPoints):
     """Input representation (paper, figure 2): the sum of a token's WordPiece embedding, its position
-    embedding and its segment (token type) embedding, then LayerNorm and dropout."""
+    embedding and its segment (token type) embedding, then LayerNorm and dropout.
+
+    ``self.tap(name, x)`` marks a named activation point (see minibert/hooks.py); it returns ``x`` itself
+    unless a hook is registered there."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self._init_taps()
         self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
@@ -70,24 +76,28 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids, position_ids):  # each (B, T) integer
-        x = self.word(input_ids) + self.token_type(token_type_ids)  # (B, T, H); this order, as transformers
-        x = x + self.position(position_ids)  # (B, T, H)
-        return self.dropout(self.norm(x))
+        word = self.tap("word", self.word(input_ids))  # (B, T, H)
+        token_type = self.tap("token_type", self.token_type(token_type_ids))  # (B, T, H)
+        position = self.tap("position", self.position(position_ids))  # (B, T, H)
+        x = self.tap("sum", (word + token_type) + position)  # (B, T, H); this order, as transformers
+        return self.tap("output", self.dropout(self.norm(x)))  # (B, T, H) == hidden_states[0]
 
 
 # ------------------------------------------------------------------------------------------ attention
-class MultiHeadSelfAttention(nn.Module):
+class MultiHeadSelfAttention(nn.Module, HookPoints):
     """Multi-head scaled dot-product self-attention (Vaswani et al. 2017, section 3.2):
 
         head_i = softmax(Q_i K_i^T / sqrt(d) + mask) V_i,   output = Concat(head_1..head_h) W_O
 
     Two paths compute it. The explicit one below is the one to read and study, and the one that can
     return the attention probabilities. When those are not asked for, PyTorch's fused
-    ``scaled_dot_product_attention`` computes the same thing faster; a test proves they agree.
+    ``scaled_dot_product_attention`` computes the same thing faster; a test proves they agree. A hook on
+    the scores or probabilities also selects the explicit path, since only it computes them.
     """
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self._init_taps()
         H = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
@@ -105,18 +115,21 @@ class MultiHeadSelfAttention(nn.Module):
     def forward(self, x, mask=None, return_probs=False):
         """x: (B, T, H). mask: None (attend everywhere) or bool (B, 1, 1, T), True = key may be attended.
         Returns (output (B, T, H), probabilities (B, h, T, T) or None)."""
-        q = self.split_heads(self.query(x))  # (B, h, T, d)
-        k = self.split_heads(self.key(x))  # (B, h, T, d)
-        v = self.split_heads(self.value(x))  # (B, h, T, d)
+        q = self.tap("q", self.split_heads(self.query(x)))  # (B, h, T, d)
+        k = self.tap("k", self.split_heads(self.key(x)))  # (B, h, T, d)
+        v = self.tap("v", self.split_heads(self.value(x)))  # (B, h, T, d)
 
         if return_probs:
             context, probs = self.explicit_attention(q, k, v, mask)
+        elif "scores" in self.taps or "probs" in self.taps:
+            context, probs = self.hooked_attention(q, k, v, mask)
         else:
             context, probs = self.fused_attention(q, k, v, mask), None
+        context = self.tap("context", context)  # (B, h, T, d): each head's output
 
         B, h, T, d = context.shape
         context = context.transpose(1, 2).reshape(B, T, h * d)  # (B, T, H): heads concatenated
-        return self.output(context), probs
+        return self.tap("output", self.output(context)), probs
 
     def explicit_attention(self, q, k, v, mask):
         """The readable path: the attention formula written out."""
@@ -126,9 +139,19 @@ class MultiHeadSelfAttention(nn.Module):
             # with every key masked (an all-zero attention_mask row) then attends uniformly, as
             # transformers' eager path does; only its valid rows are meaningful anyway.
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = self.tap("scores", scores, watch=True)
         probs = scores.softmax(dim=-1)  # (B, h, T, T): each query's distribution over keys
-        probs = self.dropout(probs)
-        return torch.matmul(probs, v), probs  # (B, h, T, d), (B, h, T, T)
+        probs = self.tap("probs", probs, watch=True)
+        return torch.matmul(self.dropout(probs), v), probs  # (B, h, T, d), (B, h, T, T)
+
+    def hooked_attention(self, q, k, v, mask):
+        """Hooks at the scores or probabilities: run the explicit path so they see them. If no hook
+        replaced anything, return the fused path's result, so a read-only hook changes no bit."""
+        self.edited = False
+        context, _ = self.explicit_attention(q, k, v, mask)
+        if self.edited:
+            return context, None
+        return self.fused_attention(q, k, v, mask), None
 
     def fused_attention(self, q, k, v, mask):
         """The fast path: the same computation in one fused PyTorch kernel."""
@@ -143,26 +166,30 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------- feed-forward
-class FeedForward(nn.Module):
+class FeedForward(nn.Module, HookPoints):
     """Position-wise feed-forward network: FFN(x) = W_2 act(W_1 x + b_1) + b_2, applied to each token."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self._init_taps()
         self.dense_in = nn.Linear(config.hidden_size, config.intermediate_size)  # W_1: H -> F
         self.act = ACTIVATION_FUNCTIONS[config.hidden_act]
         self.dense_out = nn.Linear(config.intermediate_size, config.hidden_size)  # W_2: F -> H
 
     def forward(self, x):  # (B, T, H)
-        return self.dense_out(self.act(self.dense_in(x)))  # (B, T, F) inside, (B, T, H) out
+        pre = self.tap("pre", self.dense_in(x))  # (B, T, F)
+        post = self.tap("post", self.act(pre))  # (B, T, F)
+        return self.tap("output", self.dense_out(post))  # (B, T, H)
 
 
 # ------------------------------------------------------------------------------------------------ block
-class Block(nn.Module):
+class Block(nn.Module, HookPoints):
     """One encoder layer: self-attention and feed-forward sub-layers, each wrapped as
     LayerNorm(x + Dropout(sublayer(x))) -- BERT normalises after the residual sum (post-LN)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self._init_taps()
         self.attention = MultiHeadSelfAttention(config)
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.feed_forward = FeedForward(config)
@@ -170,10 +197,11 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x, mask=None, return_probs=False):  # x: (B, T, H)
+        x = self.tap("input", x)
         attended, probs = self.attention(x, mask, return_probs)
-        h = self.attention_norm(x + self.dropout(attended))  # (B, T, H)
+        h = self.tap("resid_mid", self.attention_norm(x + self.dropout(attended)))  # (B, T, H)
         out = self.output_norm(h + self.dropout(self.feed_forward(h)))  # (B, T, H)
-        return out, probs
+        return self.tap("output", out), probs
 
 
 # ---------------------------------------------------------------------------------------------- encoder
@@ -184,25 +212,30 @@ class Encoder(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x, mask=None, return_probs=False):
+    def forward(self, x, mask=None, return_probs=False, num_blocks=None, skip_blocks=()):
+        """Run blocks 0..num_blocks-1 (all by default); a block in ``skip_blocks`` is the identity."""
         hidden_states, attentions = [x], []
-        for block in self.blocks:
-            x, probs = block(x, mask, return_probs)
+        for i, block in enumerate(self.blocks[:num_blocks]):
+            if i in skip_blocks:
+                probs = None
+            else:
+                x, probs = block(x, mask, return_probs)
             hidden_states.append(x)
             attentions.append(probs)
         return hidden_states, attentions
 
 
 # ----------------------------------------------------------------------------------------------- pooler
-class Pooler(nn.Module):
+class Pooler(nn.Module, HookPoints):
     """Sentence vector for next-sentence prediction: tanh(W h_[CLS] + b) on the first token's output."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        self._init_taps()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, last_hidden_state):  # (B, T, H)
-        return torch.tanh(self.dense(last_hidden_state[:, 0]))  # (B, H)
+        return self.tap("output", torch.tanh(self.dense(last_hidden_state[:, 0])))  # (B, H)
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -242,18 +275,23 @@ class BertModel(nn.Module):
         return self.embeddings.word.weight.dtype
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_attentions=False) -> BertOutput:
+                output_attentions=False, *, num_blocks=None, skip_blocks=()) -> BertOutput:
         """input_ids (B, T) token ids. attention_mask (B, T): nonzero = real token, 0 = padding (keys at
         padding are never attended to). token_type_ids (B, T): segment 0 or 1, default 0.
-        position_ids (B, T): default 0..T-1 in every row. A 1-D input is taken as one sequence."""
+        position_ids (B, T): default 0..T-1 in every row. A 1-D input is taken as one sequence.
+
+        Interventions: ``num_blocks=k`` exits early after the first k blocks (hidden_states then has k + 1
+        entries and the pooler reads block k's output); ``skip_blocks=[i, ...]`` makes those blocks the
+        identity (their hidden state repeats the previous one, their attention entry is None)."""
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             self.config, self.device, input_ids, attention_mask, token_type_ids, position_ids)
+        num_blocks, skip_blocks = self._check_blocks(num_blocks, skip_blocks)
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): broadcast over heads, queries
-        hidden_states, attentions = self.encoder(x, mask, return_probs=output_attentions)
+        hidden_states, attentions = self.encoder(x, mask, output_attentions, num_blocks, skip_blocks)
 
         last = hidden_states[-1]
         return BertOutput(
@@ -262,6 +300,74 @@ class BertModel(nn.Module):
             hidden_states=tuple(hidden_states),
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+    def _check_blocks(self, num_blocks, skip_blocks):
+        N = self.config.num_hidden_layers
+        if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
+                                       or not 0 <= num_blocks <= N):
+            raise ValueError(f"num_blocks={num_blocks!r} is out of range: it must be an int in [0, {N}]")
+        skip = set()
+        for i in skip_blocks or ():
+            if isinstance(i, bool) or not isinstance(i, int) or not -N <= i < N:
+                raise ValueError(f"skip_blocks has {i!r}; block indices must be ints in [0, {N - 1}]")
+            skip.add(i % N)
+        return num_blocks, skip
+
+    # ----------------------------------------------------------------- internals: see minibert/hooks.py
+    def hook_point_names(self) -> list[str]:
+        """Every named activation point, in the order the forward pass meets them."""
+        return [name for name, *_ in hooks.point_table(self.config.num_hidden_layers, self.pooler is not None)]
+
+    def hooks(self, fns):
+        """``with model.hooks({"blocks.3.attn.probs": fn}): model(**batch)`` -- register ``fn(x, name)``
+        (returns None to read, or a same-shape tensor to replace) at named points or patterns
+        (``"blocks.*.attn.probs"``) for the ``with`` block; removed on exit, exceptions included."""
+        return hooks.registered(self, fns)
+
+    def run_with_cache(self, *args, names=None, detach=True, **kwargs):
+        """``out, cache = model.run_with_cache(**batch, names=[...])``: the output and {name: activation}
+        for the requested points (all when names is None; patterns allowed)."""
+        return hooks.run_with_cache(self, *args, names=names, detach=detach, **kwargs)
+
+    def ablate_heads(self, heads, mode="zero", reference=None):
+        """Context manager: zero- or mean-ablate heads given as a (layers, heads) bool mask,
+        {layer: [heads]} or [(layer, head), ...]. See ``minibert.hooks.ablate_heads``."""
+        return hooks.ablate_heads(self, heads, mode=mode, reference=reference)
+
+    def patch(self, cache, names=None, positions=None):
+        """Context manager: activation patching from ``cache`` (see ``minibert.hooks.patch``)."""
+        return hooks.patch(self, cache, names=names, positions=positions)
+
+    # --------------------------------------------------------------- surgery: see minibert/surgery.py
+    def keep_blocks(self, indices) -> "BertModel":
+        """A new, shallower model (copied weights) with only the blocks ``indices``, in that order, e.g.
+        ``model.keep_blocks(range(1, 12, 2))`` for a 6-block student initialisation."""
+        from .surgery import keep_blocks
+
+        return keep_blocks(self, indices)
+
+    def truncate(self, k: int) -> "BertModel":
+        """A new model with the first ``k`` blocks: its hidden states equal the first k + 1 of this one."""
+        from .surgery import keep_blocks
+
+        return keep_blocks(self, range(k), what="truncate(k)")
+
+    def freeze(self, embeddings: bool = True, blocks: int = 0, pooler: bool = False) -> "BertModel":
+        """Layer-wise fine-tuning: stop gradients for the embeddings and the bottom ``blocks`` blocks."""
+        from .surgery import freeze
+
+        return freeze(self, embeddings=embeddings, blocks=blocks, pooler=pooler)
+
+    def unfreeze(self) -> "BertModel":
+        for p in self.parameters():
+            p.requires_grad_(True)
+        return self
+
+    def parameter_counts(self) -> dict:
+        """Parameters per component and per block (see ``minibert.accounting``)."""
+        from .accounting import parameter_counts
+
+        return parameter_counts(self)
 
     # loading and saving live in minibert/loading.py; these are the public entry points
     @classmethod

@@ -1,0 +1,361 @@
+"""Internals (issue 5): named hook points, the activation cache, interventions, surgery and accounting.
+
+Most tests run the real all-MiniLM-L6-v2 weights on a padded batch of sentence pairs; the parameter
+counts are checked against transformers' own BertModel for BERT-base geometry.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import BASE, PAIRS, hf_config, transformers
+from minibert import BertConfig, BertModel, BertTokenizer
+from minibert.accounting import activation_memory, flops_per_token, forward_flops, parameter_counts
+from minibert.hooks import point_table
+
+
+@pytest.fixture(scope="module")
+def model(minilm_dir):
+    return BertModel.from_pretrained(minilm_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def batch(minilm_dir):
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    return dict(tok([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True, return_tensors="pt"))
+
+
+def run(model, batch, **kw):
+    with torch.no_grad():
+        return model(**batch, **kw)
+
+
+def assert_same_output(a, b):
+    for x, y in zip(a.hidden_states, b.hidden_states, strict=True):
+        assert torch.equal(x, y)
+    assert torch.equal(a.pooler_output, b.pooler_output)
+
+
+# ------------------------------------------------------------------------------------------ hook points
+def test_identity_and_reading_hooks_change_nothing_bitwise(model, batch):
+    plain = run(model, batch)
+    seen = []
+    with model.hooks({"*": [lambda x, name: x, lambda x, name: seen.append(name)]}):
+        hooked = run(model, batch)
+    assert_same_output(plain, hooked)
+    assert seen == model.hook_point_names()  # every point, once, in forward order
+    # same with the attention maps asked for (the explicit path both times)
+    plain = run(model, batch, output_attentions=True)
+    with model.hooks({"*": lambda x, name: x}):
+        hooked = run(model, batch, output_attentions=True)
+    assert_same_output(plain, hooked)
+    for x, y in zip(plain.attentions, hooked.attentions, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_every_cached_point_has_the_documented_shape(model, batch):
+    _, cache = model.run_with_cache(**batch)
+    c = model.config
+    B, T = batch["input_ids"].shape
+    sizes = dict(B=B, T=T, H=c.hidden_size, h=c.num_attention_heads, d=c.head_size, F=c.intermediate_size)
+    table = point_table(c.num_hidden_layers)
+    assert sorted(cache) == sorted(name for name, *_ in table)
+    for name, shape, _, _ in table:
+        expected = tuple(sizes[s.strip()] for s in shape.strip("()").split(","))
+        assert tuple(cache[name].shape) == expected, name
+
+
+def test_cache_lines_up_with_hidden_states_and_attentions(model, batch):
+    out, cache = model.run_with_cache(**batch, output_attentions=True)
+    assert torch.equal(cache["embeddings.output"], out.hidden_states[0])
+    for i in range(model.config.num_hidden_layers):
+        assert torch.equal(cache[f"blocks.{i}.input"], out.hidden_states[i])
+        assert torch.equal(cache[f"blocks.{i}.output"], out.hidden_states[i + 1])
+        assert torch.equal(cache[f"blocks.{i}.attn.probs"], out.attentions[i])
+    assert torch.equal(cache["pooler.output"], out.pooler_output)
+    assert torch.equal(cache.stack("output")[-1], out.last_hidden_state)
+    e = [cache[f"embeddings.{n}"] for n in ("word", "token_type", "position", "sum")]
+    assert torch.equal((e[0] + e[1]) + e[2], e[3])
+
+
+def test_attention_recomputed_by_hand_from_the_cache(model, batch):
+    _, cache = model.run_with_cache(**batch, names="blocks.*.attn.*")  # fused path, probs for hooks
+    valid = batch["attention_mask"].bool()
+    for i, block in enumerate(model.encoder.blocks):
+        q, k, v = (cache[f"blocks.{i}.attn.{n}"] for n in "qkv")
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        scores = scores.masked_fill(~valid[:, None, None, :], torch.finfo(scores.dtype).min)
+        torch.testing.assert_close(scores, cache[f"blocks.{i}.attn.scores"], atol=1e-5, rtol=0)
+        probs = scores.softmax(-1)
+        torch.testing.assert_close(probs, cache[f"blocks.{i}.attn.probs"], atol=1e-6, rtol=0)
+        context = probs @ v
+        torch.testing.assert_close(context, cache[f"blocks.{i}.attn.context"], atol=1e-5, rtol=0)
+        B, h, T, d = context.shape
+        merged = context.transpose(1, 2).reshape(B, T, h * d)
+        with torch.no_grad():
+            output = block.attention.output(merged)
+        torch.testing.assert_close(output[valid], cache[f"blocks.{i}.attn.output"][valid], atol=1e-5, rtol=0)
+
+
+def test_replacing_an_activation_changes_what_follows(model, batch):
+    plain = run(model, batch)
+    with model.hooks({"blocks.2.ffn.post": lambda x, name: torch.zeros_like(x)}):
+        edited = run(model, batch)
+    for i in range(3):
+        assert torch.equal(plain.hidden_states[i], edited.hidden_states[i])
+    assert not torch.allclose(plain.hidden_states[3], edited.hidden_states[3])
+
+
+def test_in_place_edit_of_probabilities_is_honoured(model, batch):
+    def zero_head(x, name):
+        x[:, 5] = 0
+
+    _, cache = model.run_with_cache(**batch, names="blocks.1.attn.context")
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode(), model.hooks({"blocks.1.attn.probs": zero_head}):
+            _, edited = model.run_with_cache(**batch, names="blocks.1.attn.context")
+        assert edited["blocks.1.attn.context"][:, 5].abs().max() == 0
+        torch.testing.assert_close(edited["blocks.1.attn.context"][:, :5], cache["blocks.1.attn.context"][:, :5],
+                                   atol=1e-5, rtol=0)
+
+
+def test_hooks_are_removed_after_an_exception(model, batch):
+    calls = []
+
+    def fail(x, name):
+        calls.append(name)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with model.hooks({"blocks.0.attn.probs": fail, "blocks.*.output": lambda x, n: None}):
+            run(model, batch)
+    assert calls == ["blocks.0.attn.probs"]
+    assert all(not m.taps for m in model.modules() if hasattr(m, "taps"))
+    run(model, batch)  # would raise again if the hook were still there
+    assert calls == ["blocks.0.attn.probs"]
+
+
+def test_bad_hook_names_and_replacements_are_refused(model, batch):
+    with pytest.raises(ValueError, match="unknown hook point 'blocks.9.output'"):
+        with model.hooks({"blocks.9.output": print}):
+            pass
+    with pytest.raises(ValueError, match=r"returned \(2, 2\).*shape"):
+        with model.hooks({"blocks.0.output": lambda x, n: torch.zeros(2, 2)}):
+            run(model, batch)
+    assert all(not m.taps for m in model.modules() if hasattr(m, "taps"))
+
+
+# ---------------------------------------------------------------------------------------- interventions
+def test_head_ablation_equals_zeroing_the_head_context(model, batch):
+    heads = {1: [0, 7], 4: [3]}
+    with model.ablate_heads(heads):
+        ablated = run(model, batch)
+
+    def zero(*hs):
+        def hook(x, name):
+            x = x.clone()
+            x[:, list(hs)] = 0
+            return x
+        return hook
+
+    with model.hooks({"blocks.1.attn.context": zero(0, 7), "blocks.4.attn.context": zero(3)}):
+        by_hand = run(model, batch)
+    assert_same_output(ablated, by_hand)
+    mask = torch.zeros(6, 12, dtype=torch.bool)
+    mask[1, 0] = mask[1, 7] = mask[4, 3] = True
+    with model.ablate_heads(mask):
+        assert_same_output(run(model, batch), by_hand)
+    assert not torch.allclose(ablated.last_hidden_state, run(model, batch).last_hidden_state)
+
+
+def test_mean_ablation_uses_the_reference_mean(model, batch):
+    with model.ablate_heads([(2, 4)], mode="mean", reference=batch):
+        _, cache = model.run_with_cache(**batch, names="blocks.2.attn.context")
+    _, plain = model.run_with_cache(**batch, names="blocks.2.attn.context")
+    valid = batch["attention_mask"].bool()
+    expected = plain["blocks.2.attn.context"][:, 4][valid].mean(0)  # (d,)
+    got = cache["blocks.2.attn.context"][:, 4]  # (B, T, d)
+    torch.testing.assert_close(got, expected.expand_as(got), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="reference="):
+        model.ablate_heads([(0, 0)], mode="mean").__enter__()
+    with pytest.raises(ValueError, match="head 12 is out of range"):
+        model.ablate_heads([(0, 12)]).__enter__()
+
+
+def test_patching_a_run_with_its_own_cache_changes_nothing(model, batch):
+    plain, cache = model.run_with_cache(**batch)
+    with model.patch(cache):
+        assert_same_output(run(model, batch), plain)
+
+
+def test_patching_from_another_input(model, batch):
+    other = dict(batch, input_ids=batch["input_ids"].clone())
+    other["input_ids"][:, 2] = 2023  # a different token, same length and padding
+    out_other, cache = model.run_with_cache(**other, names="blocks.2.output")
+    plain = run(model, batch)
+    with model.patch(cache, "blocks.2.output"):
+        patched = run(model, batch)
+    for i in range(3):
+        assert torch.equal(patched.hidden_states[i], plain.hidden_states[i])
+    for i in range(3, 7):  # everything after block 2 is the other input's
+        assert torch.equal(patched.hidden_states[i], out_other.hidden_states[i])
+    with model.patch(cache, "blocks.2.output", positions=[2]):
+        one = run(model, batch)
+    assert not torch.equal(one.last_hidden_state, plain.last_hidden_state)
+    assert not torch.equal(one.last_hidden_state, out_other.last_hidden_state)
+
+
+def test_skip_blocks_and_early_exit(model, batch):
+    full = run(model, batch)
+    early = run(model, batch, num_blocks=3)
+    assert len(early.hidden_states) == 4
+    for i in range(4):
+        assert torch.equal(early.hidden_states[i], full.hidden_states[i])
+    with torch.no_grad():
+        assert torch.equal(early.pooler_output, model.pooler(full.hidden_states[3]))
+    skipped = run(model, batch, skip_blocks=[2])
+    assert torch.equal(skipped.hidden_states[3], skipped.hidden_states[2])
+    assert not torch.allclose(skipped.last_hidden_state, full.last_hidden_state)
+    with pytest.raises(ValueError, match=r"num_blocks=7 .*\[0, 6\]"):
+        run(model, batch, num_blocks=7)
+    with pytest.raises(ValueError, match=r"skip_blocks has 6"):
+        run(model, batch, skip_blocks=[6])
+
+
+# --------------------------------------------------------------------------------------------- surgery
+def test_truncated_model_equals_the_first_hidden_states(model, batch, tmp_path):
+    full = run(model, batch)
+    small = model.truncate(2)
+    assert small.config.num_hidden_layers == 2 and model.config.num_hidden_layers == 6
+    out = run(small, batch)
+    assert len(out.hidden_states) == 3
+    for i in range(3):
+        assert torch.equal(out.hidden_states[i], full.hidden_states[i])
+    # every other block == the full model with the others skipped
+    student = model.keep_blocks(range(1, 6, 2))
+    skipped = run(model, batch, skip_blocks=[0, 2, 4])
+    assert torch.equal(run(student, batch).last_hidden_state, skipped.last_hidden_state)
+    # save and reload, in minibert and in transformers
+    student.save_pretrained(tmp_path)
+    again = BertModel.from_pretrained(tmp_path)
+    assert_same_output(run(again, batch), run(student, batch))
+    reference = transformers.BertModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert reference.config.num_hidden_layers == 3
+    with torch.no_grad():
+        ref = reference(**batch)
+    valid = batch["attention_mask"].bool()
+    diff = (ref.last_hidden_state - run(student, batch).last_hidden_state)[valid].abs().max()
+    assert diff <= 1e-5
+    # copies are independent
+    with torch.no_grad():
+        student.encoder.blocks[0].attention.query.weight.zero_()
+    assert model.encoder.blocks[1].attention.query.weight.abs().sum() > 0
+    with pytest.raises(ValueError, match="block 6 does not exist"):
+        model.keep_blocks([0, 6])
+
+
+def test_freeze_bottom_blocks(minilm_dir, batch):
+    model = BertModel.from_pretrained(minilm_dir)
+    model.freeze(embeddings=True, blocks=2)
+    out = model(**batch)
+    (out.last_hidden_state.sum() + out.pooler_output.sum()).backward()
+    for name, p in model.named_parameters():
+        frozen = name.startswith("embeddings.") or name.startswith(("encoder.blocks.0.", "encoder.blocks.1."))
+        assert p.requires_grad is not frozen, name
+        assert (p.grad is None) is frozen, name
+    model.unfreeze()
+    assert all(p.requires_grad for p in model.parameters())
+    with pytest.raises(ValueError, match=r"freeze\(blocks=7\)"):
+        model.freeze(blocks=7)
+
+
+# ------------------------------------------------------------------------------------------ accounting
+def test_parameter_counts_match_transformers_for_bert_base():
+    reference = transformers.BertModel(hf_config(**BASE))
+    ours = parameter_counts(BertConfig.from_preset("bert-base-uncased"))
+
+    def n(module):
+        return sum(p.numel() for p in module.parameters())
+
+    assert ours["total"] == reference.num_parameters() == 109_482_240
+    assert ours["embeddings"] == n(reference.embeddings) == 23_837_184
+    assert ours["blocks.0"] == n(reference.encoder.layer[0]) == 7_087_872
+    assert ours["pooler"] == n(reference.pooler) == 590_592
+    assert ours["blocks"] == n(reference.encoder)
+    assert ours["embeddings.word"] == n(reference.embeddings.word_embeddings)
+
+
+def test_parameter_counts_of_a_loaded_checkpoint(model):
+    counts = model.parameter_counts()
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    parts = ("attn.qkv", "attn.output", "attn_norm", "ffn.in", "ffn.out", "output_norm")
+    assert sum(counts[f"block.{p}"] for p in parts) == counts["blocks.0"]
+
+
+def test_flops_match_torch_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                        intermediate_size=256)
+    model = BertModel(config).eval()
+    for B, T in ((2, 16), (1, 128)):
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(torch.randint(0, 500, (B, T)), output_attentions=True)
+        measured = counter.get_total_flops()  # matrix products only
+        # our count is 2 x every block parameter (the usual convention); the counter skips biases and
+        # LayerNorm, so take those out to compare exactly
+        vectors = sum(p.numel() for p in model.encoder.parameters() if p.dim() == 1)
+        ours = forward_flops(config, B, T) - 2 * B * T * vectors - 2 * B * model.pooler.dense.bias.numel()
+        assert ours == measured
+    base = flops_per_token(BertConfig.from_preset("bert-base-uncased"), 128)
+    assert base["dense"] == 2 * 85_054_464 and base["attention"] == 4 * 12 * 768 * 128
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("output_attentions", [False, True])
+def test_training_activation_memory_matches_saved_tensors(train, output_attentions):
+    config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                        intermediate_size=256)
+    model = BertModel(config).train(train)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randint(0, 500, (4, 48)), output_attentions=output_attentions)
+    measured = sum(saved.values())
+    estimate = activation_memory(model, 4, 48, output_attentions=output_attentions)["training"]
+    assert abs(estimate - measured) / measured < 0.05, (estimate, measured)
+
+
+def test_inspect_cli_prints_bert_base_accounting(capsys):
+    from minibert.cli import main
+
+    assert main(["inspect", "--model", "bert-base-uncased"]) == 0
+    text = capsys.readouterr().out
+    for number in ("109,482,240", "23,837,184", "7,087,872", "590,592", "170.1M", "174.8M"):
+        assert number in text
+    with pytest.raises(SystemExit) as e:
+        main(["inspect", "--model", "bert-base-uncased", "--lengths", "513"])
+    assert e.value.code == 2
+
+
+def test_readme_worked_example_previous_token_head(model, minilm_dir):
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    batch = tok(["The quick brown fox jumps over the lazy dog near the river bank today."], return_tensors="pt")
+    with torch.inference_mode():
+        out, cache = model.run_with_cache(**batch, names="blocks.*.attn.probs")
+    probs = cache.stack("attn.probs")[:, 0]
+    score = probs.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:-1].mean(-1)  # (layers, heads)
+    assert score[0, 2] > 0.99  # the README's numbers
+    assert sorted(map(tuple, (score > 0.3).nonzero().tolist())) == [(0, 2), (2, 11)]
+    with model.ablate_heads(score > 0.3), torch.inference_mode():
+        ablated = model(**batch)
+    assert (ablated.last_hidden_state - out.last_hidden_state).norm() > 1
