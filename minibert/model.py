@@ -275,21 +275,30 @@ class BertModel(nn.Module):
         return self.embeddings.word.weight.dtype
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_attentions=False, *, num_blocks=None, skip_blocks=()) -> BertOutput:
+                output_attentions=False, *, num_blocks=None, skip_blocks=(), fast=False) -> BertOutput:
         """input_ids (B, T) token ids. attention_mask (B, T): nonzero = real token, 0 = padding (keys at
         padding are never attended to). token_type_ids (B, T): segment 0 or 1, default 0.
         position_ids (B, T): default 0..T-1 in every row. A 1-D input is taken as one sequence.
 
         Interventions: ``num_blocks=k`` exits early after the first k blocks (hidden_states then has k + 1
         entries and the pooler reads block k's output); ``skip_blocks=[i, ...]`` makes those blocks the
-        identity (their hidden state repeats the previous one, their attention entry is None)."""
+        identity (their hidden state repeats the previous one, their attention entry is None).
+
+        ``fast=True`` runs the padding-free inference path of ``minibert/fast.py`` (same results on real
+        tokens to 1e-5, zeros at padding); when attention maps, hooks or training mode are involved the
+        readable path below runs instead, as only it computes those."""
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             self.config, self.device, input_ids, attention_mask, token_type_ids, position_ids)
         num_blocks, skip_blocks = self._check_blocks(num_blocks, skip_blocks)
+        if fast and not (output_attentions or self.training or self.has_hooks()):
+            from .fast import fast_forward
+
+            return fast_forward(self, input_ids, attention_mask, token_type_ids, position_ids,
+                                num_blocks, skip_blocks)
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
-        mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        mask = None  # no padding at all: no mask (torch.compile cannot branch on values: it keeps the mask)
+        if attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all())):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): broadcast over heads, queries
         hidden_states, attentions = self.encoder(x, mask, output_attentions, num_blocks, skip_blocks)
 
@@ -317,6 +326,9 @@ class BertModel(nn.Module):
     def hook_point_names(self) -> list[str]:
         """Every named activation point, in the order the forward pass meets them."""
         return [name for name, *_ in hooks.point_table(self.config.num_hidden_layers, self.pooler is not None)]
+
+    def has_hooks(self) -> bool:
+        return any(getattr(m, "taps", None) for m in self.modules())
 
     def hooks(self, fns):
         """``with model.hooks({"blocks.3.attn.probs": fn}): model(**batch)`` -- register ``fn(x, name)``
@@ -398,6 +410,8 @@ def _as_long_tensor(name: str, value, device) -> torch.Tensor:
 
 
 def _check_range(name: str, ids: torch.Tensor, limit: int, what: str, hint: str = "") -> None:
+    if torch.compiler.is_compiling():  # a value check would break the compiled graph; shapes are checked
+        return
     bad = (ids < 0) | (ids >= limit)
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
