@@ -31,7 +31,7 @@ def cmd_encode(args) -> int:
     model, tokenizer = _load(args.model)
     batch = tokenizer(args.texts, padding=True, truncation=True, return_tensors="pt")
     with torch.inference_mode():
-        out = model(**batch)
+        out = model(**batch, fast=True)
     layers = len(out.hidden_states)
     if not -layers <= args.layer < layers:
         raise ValueError(f"--layer {args.layer} is out of range: the model has hidden states 0..{layers - 1}")
@@ -139,7 +139,7 @@ def cmd_embed(args) -> int:
         for start in range(0, len(order), args.batch_size):
             ids = order[start:start + args.batch_size]
             batch = tokenizer([texts[i] for i in ids], padding=True, truncation=True, return_tensors="pt")
-            out = model(**batch)
+            out = model(**batch, fast=True)
             pooled = L.pool(L.select_layers(out.hidden_states, chosen), batch["attention_mask"], args.pool)  # (k, B, H)
             vectors = torch.cat(tuple(pooled), -1) if args.combine == "concat" else pooled.mean(0)
             for i, v in zip(ids, vectors.float().numpy()):

@@ -79,7 +79,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
             batch = tokenizer(list(texts), padding=True, truncation=True, return_offsets_mapping=True,
                               return_tensors="pt")
             offsets = batch.pop("offset_mapping")
-            hidden = torch.stack(model(**batch).hidden_states).float()  # (L + 1, B, T, H)
+            hidden = torch.stack(model(**batch, fast=True).hidden_states).float()  # (L + 1, B, T, H)
             for row, (sent, word_span) in enumerate(zip(ids, spans)):
                 pieces = _assign_pieces(offsets[row], batch["attention_mask"][row], word_span)
                 for w, positions in enumerate(pieces):
