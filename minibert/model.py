@@ -59,6 +59,12 @@ class BertOutput:
 
 
 # ---------------------------------------------------------------------------------------- embeddings
+def embedding(num: int, dim: int, padding_idx: int | None = None) -> nn.Embedding:
+    """An embedding table without nn.Embedding's own random init: BertModel._init_weights or the
+    checkpoint sets it. (On the meta device that init would import torch._dynamo: 1.5 s per process.)"""
+    return nn.Embedding(num, dim, padding_idx=padding_idx, _weight=torch.empty(num, dim))
+
+
 class Embeddings(nn.Module, HookPoints):
     """Input representation (paper, figure 2): the sum of a token's WordPiece embedding, its position
     embedding and its segment (token type) embedding, then LayerNorm and dropout.
@@ -69,9 +75,9 @@ class Embeddings(nn.Module, HookPoints):
     def __init__(self, config: BertConfig):
         super().__init__()
         self._init_taps()
-        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.word = embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position = embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type = embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -238,21 +244,43 @@ class Pooler(nn.Module, HookPoints):
         return self.tap("output", torch.tanh(self.dense(last_hidden_state[:, 0])))  # (B, H)
 
 
+# ------------------------------------------------------------------------------------- masked-LM head
+class MaskedLMHead(nn.Module):
+    """The pre-training head that predicts masked tokens (paper, section 3.1, task #1):
+
+        logits = LayerNorm(act(W h + b)) E^T + bias      E = the word embedding matrix (tied weights)
+
+    It owns the transform and the output bias; the decoder weight is the model's word embeddings, passed
+    in. Official pre-training checkpoints ship it as ``cls.predictions.*``; sentence encoders do not."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACTIVATION_FUNCTIONS[config.hidden_act]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden, word_embeddings):  # (..., H), (V, H)
+        h = self.norm(self.act(self.transform(hidden)))  # (..., H)
+        return F.linear(h, word_embeddings, self.bias)  # (..., V): one score per vocabulary entry
+
+
 # ------------------------------------------------------------------------------------------------ model
 class BertModel(nn.Module):
-    """Embeddings, N encoder blocks and (when the checkpoint has one) the pooler.
+    """Embeddings, N encoder blocks and (when the checkpoint has one) the pooler and the masked-LM head.
 
     ``BertModel(config)`` makes a randomly initialised model for training from scratch;
     ``BertModel.from_pretrained(source)`` loads a checkpoint and never initialises anything at random.
     """
 
-    def __init__(self, config: BertConfig, *, add_pooler: bool = True):
+    def __init__(self, config: BertConfig, *, add_pooler: bool = True, add_mlm_head: bool = False):
         super().__init__()
         config.validate()
         self.config = config
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooler else None
+        self.mlm_head = MaskedLMHead(config) if add_mlm_head else None  # not run by forward()
         self.apply(self._init_weights)
 
     @staticmethod
@@ -322,6 +350,16 @@ class BertModel(nn.Module):
             skip.add(i % N)
         return num_blocks, skip
 
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Masked-LM scores (..., vocab_size) for hidden states (..., H), e.g. ``out.last_hidden_state``
+        or any ``out.hidden_states[i]`` (the logit lens)."""
+        if self.mlm_head is None:
+            raise ValueError(
+                f"{getattr(self, 'source', 'this model')} has no masked-LM head (no cls.predictions.* "
+                "tensors in the checkpoint): it is an encoder only, e.g. a sentence-embedding model. Use a "
+                "pre-training checkpoint such as bert-base-uncased for fill-mask and the logit lens")
+        return self.mlm_head(hidden, self.embeddings.word.weight)
+
     # ----------------------------------------------------------------- internals: see minibert/hooks.py
     def hook_point_names(self) -> list[str]:
         """Every named activation point, in the order the forward pass meets them."""
@@ -383,12 +421,14 @@ class BertModel(nn.Module):
 
     # loading and saving live in minibert/loading.py; these are the public entry points
     @classmethod
-    def from_pretrained(cls, source, *, revision=None, dtype=None, device=None) -> "BertModel":
+    def from_pretrained(cls, source, *, revision=None, dtype=None, device=None, mlm_head=None) -> "BertModel":
         """Load a checkpoint: a directory, a ``.safetensors`` file with config.json beside it, or a hub
-        repo id (``google-bert/bert-base-uncased`` or the alias ``bert-base-uncased``)."""
+        repo id (``google-bert/bert-base-uncased`` or the alias ``bert-base-uncased``).
+        ``mlm_head``: None = load ``cls.predictions.*`` when the checkpoint has it, True = require it,
+        False = leave it out (reported in ``skipped_tensors``)."""
         from .loading import load_model
 
-        return load_model(cls, source, revision=revision, dtype=dtype, device=device)
+        return load_model(cls, source, revision=revision, dtype=dtype, device=device, mlm_head=mlm_head)
 
     def save_pretrained(self, directory) -> None:
         """Write config.json and model.safetensors with transformers' tensor names."""
