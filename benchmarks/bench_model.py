@@ -248,6 +248,36 @@ def load_and_import(directory: Path, rounds: int) -> dict:
     return summary
 
 
+def compile_check(directory: Path, geometry: dict, rounds: int) -> list[dict]:
+    """Does torch.compile pay on CPU? Compile the readable minibert model (fullgraph: it has no graph
+    breaks) per dtype and case, and time it against transformers and the fast path."""
+    import transformers
+
+    rows = []
+    for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        ours = BertModel.from_pretrained(directory, dtype=dtype).eval()
+        reference = transformers.BertModel.from_pretrained(directory, dtype=dtype).eval()
+        for B, T, fraction in ((8, 128, 1.0), (16, 128, 0.38)):
+            batch = make_batch(B, T, fraction, geometry["vocab_size"])
+            torch._dynamo.reset()
+            compiled = torch.compile(ours, fullgraph=True, dynamic=False)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                compiled(**batch)
+            compile_seconds = time.perf_counter() - t0
+            impls = {"transformers": lambda b: reference(**b).last_hidden_state,
+                     "minibert fast": lambda b: ours(**b, fast=True).last_hidden_state,
+                     "minibert compiled": lambda b: compiled(**b).last_hidden_state}
+            times, agreement = time_round_robin(impls, batch, rounds)
+            rows.append({"dtype": dname, "batch": B, "length": T, "real_fraction": fraction,
+                         "compile_seconds": compile_seconds,
+                         "ratio_vs_transformers": {n: paired_ratio(times, n, "transformers") for n in times},
+                         "max_abs_diff_vs_transformers": agreement})
+            print(f"compile {dname} {B}x{T}: {compile_seconds:.0f} s to compile; " + ", ".join(
+                f"{n} {r:.2f}" for n, r in rows[-1]["ratio_vs_transformers"].items()), flush=True)
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -256,6 +286,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--no-torch", action="store_true", help="leave out nn.TransformerEncoder")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the readable model")
     args = parser.parse_args(argv)
     import transformers
 
@@ -298,6 +329,8 @@ def main(argv=None) -> int:
             print(f"{dname} {B}x{T} real {case['real_fraction']:.2f}: " + ", ".join(
                 f"{n} {r:.2f}" for n, r in case["ratio_vs_transformers"].items()), flush=True)
         del impls
+    if args.compile:
+        report["compile"] = compile_check(workdir, geometry, rounds)
     report["load_import"] = load_and_import(workdir, 3 if not args.quick else 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -345,6 +378,14 @@ def markdown(report: dict) -> str:
             if c["dtype"] == dname and c["real_fraction"] == 1.0 and c["batch"] * c["length"] >= 4096:
                 lines.append(f"  - {c['batch']} x {c['length']}: " + ", ".join(
                     f"{n} {v:.0f} ({100 * v / best:.0f}%)" for n, v in c["useful_gflops"].items()))
+    if report.get("compile"):
+        lines += ["", "torch.compile of the readable model (fullgraph, static shapes) vs transformers:", "",
+                  "| dtype | batch x length | real tokens | compile s | minibert fast | minibert compiled |",
+                  "|---|---|---|---|---|---|"]
+        for c in report["compile"]:
+            r = c["ratio_vs_transformers"]
+            lines.append(f"| {c['dtype']} | {c['batch']} x {c['length']} | {100 * c['real_fraction']:.0f}% | "
+                         f"{c['compile_seconds']:.0f} | {r['minibert fast']:.2f} | {r['minibert compiled']:.2f} |")
     li = report["load_import"]
     lines += ["", f"Load ({li['checkpoint_bytes'] / 2**20:.0f} MiB safetensors, fresh process, median): "
               f"minibert {li['load_seconds']['minibert']:.3f} s, transformers "

@@ -55,8 +55,10 @@ def parameter_counts(model_or_config) -> dict:
         })
     counts["blocks"] = _numel(model.encoder)
     counts["pooler"] = _numel(model.pooler) if model.pooler is not None else 0
+    if getattr(model, "mlm_head", None) is not None:  # its decoder weight is the word embeddings (tied)
+        counts["mlm_head"] = _numel(model.mlm_head)
     counts["total"] = _numel(model)
-    counts["non_embedding"] = counts["total"] - counts["embeddings"]
+    counts["non_embedding"] = counts["blocks"] + counts["pooler"]
     return counts
 
 

@@ -5,6 +5,10 @@
     minibert probe data.conllu [--model M] [--column upos] [--plot out.png]
     minibert embed texts.txt --layers -4: --pool mean --out vectors.npy
     minibert inspect [--model M] [--batch 8] [--lengths 128,512]
+    minibert parity --model M [--against B] [--dtype fp32|bf16|fp16] [--texts FILE] [--json out.json] [--atol X]
+    minibert fill "The capital of France is [MASK]." [--model M] [--top-k 5] [--lens] [--plot lens.png]
+
+``parity`` exits 1 when a layer differs by more than the tolerance (the table names the first one).
 
 Errors about files, models or options are printed as one line (``minibert: error: ...``), exit code 2.
 """
@@ -183,6 +187,46 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_parity(args) -> int:
+    from .parity import run_parity
+
+    texts = None
+    if args.texts:
+        with open(args.texts, encoding="utf-8") as f:
+            texts = [line.rstrip("\n") for line in f if line.strip()]
+        if not texts:
+            raise ValueError(f"{args.texts} has no non-empty lines")
+    if args.atol is not None and not args.atol >= 0:
+        raise ValueError(f"--atol must be >= 0, got {args.atol}")
+    report = run_parity(args.model, against=args.against, dtype=args.dtype, texts=texts, atol=args.atol)
+    print(report.table())
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.ok else 1
+
+
+def cmd_fill(args) -> int:
+    from .lens import fill_mask, logit_lens
+
+    model, tokenizer = _load(args.model)
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if model.mlm_head is None:
+        model.mlm_logits(None)  # raises the explanation
+    for text, masks in zip(args.texts, fill_mask(model, tokenizer, args.texts, top_k=args.top_k)):
+        print(text)
+        for k, predictions in enumerate(masks):
+            print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3f}" for tok, p in predictions))
+        if args.lens:
+            result = logit_lens(model, tokenizer, text)
+            print(result.table())
+            if args.plot:
+                from .plots import logit_lens as plot
+
+                print(f"wrote {plot(result, args.plot)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minibert", description="A readable, exact BERT encoder.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +277,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=8, help="batch size for the memory estimate (default 8)")
     p.add_argument("--lengths", default="128,512", help="sequence lengths, comma-separated (default 128,512)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("parity", help="per-layer differences: minibert vs transformers, or two checkpoints")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--against", help="a second checkpoint (run by minibert) instead of transformers")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--texts", help="a text file, one input per line (default: a built-in varied set)")
+    p.add_argument("--json", help="also write the numbers to this JSON file")
+    p.add_argument("--atol", type=float, help="tolerance (default 1e-5 fp32, 5e-3 fp16, 5e-2 bf16)")
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("fill", help="predict [MASK] tokens with the masked-LM head (and the logit lens)")
+    p.add_argument("texts", nargs="+", help="texts with [MASK] in them")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--lens", action="store_true", help="also print the per-layer logit lens for the first mask")
+    p.add_argument("--plot", help="with --lens: write the lens plot to this PNG")
+    p.set_defaults(func=cmd_fill)
     return parser
 
 

@@ -45,11 +45,13 @@ class CheckpointError(ValueError):
 
 
 # ------------------------------------------------------------------------------------- the name map
-def tensor_map(config: BertConfig, *, with_pooler: bool = True):
+def tensor_map(config: BertConfig, *, with_pooler: bool = True, with_mlm_head: bool = False):
     """Every tensor of a minibert model as (checkpoint name, our name, shape), in checkpoint order.
 
     Checkpoint names are transformers' BertModel names (no ``bert.`` prefix, ``weight``/``bias``);
     ``normalise_name`` brings the older spellings to these. nn.Linear weights are (out, in) in both.
+    The masked-LM head's names are BertForMaskedLM's ``cls.predictions.*``; its decoder weight is the
+    word embedding matrix (tied), so it has no row of its own here.
     """
     H, F, V = config.hidden_size, config.intermediate_size, config.vocab_size
     rows = [
@@ -78,12 +80,25 @@ def tensor_map(config: BertConfig, *, with_pooler: bool = True):
     if with_pooler:
         rows.append(("pooler.dense.weight", "pooler.dense.weight", (H, H)))
         rows.append(("pooler.dense.bias", "pooler.dense.bias", (H,)))
+    if with_mlm_head:
+        rows += [
+            ("cls.predictions.transform.dense.weight", "mlm_head.transform.weight", (H, H)),
+            ("cls.predictions.transform.dense.bias", "mlm_head.transform.bias", (H,)),
+            ("cls.predictions.transform.LayerNorm.weight", "mlm_head.norm.weight", (H,)),
+            ("cls.predictions.transform.LayerNorm.bias", "mlm_head.norm.bias", (H,)),
+            ("cls.predictions.bias", "mlm_head.bias", (V,)),
+        ]
     return rows
+
+
+#: the masked-LM head's tied copies: the decoder weight is the word embeddings, its bias the head's bias
+MLM_TIED = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
+            "cls.predictions.decoder.bias": "cls.predictions.bias"}
 
 
 #: tensors a checkpoint may carry that the encoder does not use: skipped and reported by name
 SKIPPED_PREFIXES = {
-    "cls.": "pre-training heads (masked LM / next sentence)",
+    "cls.": "pre-training heads (next sentence; the masked-LM head unless loaded)",
     "classifier.": "task head",
     "qa_outputs.": "task head",
 }
@@ -171,14 +186,26 @@ def read_checkpoint(weight_files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where: str = "checkpoint"):
-    """Match checkpoint tensors to our names. Returns (state dict in our names, has_pooler, skipped names).
-    Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor at once."""
-    by_name, skipped = {}, []
+def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where: str = "checkpoint",
+                     mlm_head: bool | None = None):
+    """Match checkpoint tensors to our names. Returns (state dict in our names, has_pooler, has_mlm_head,
+    skipped names). ``mlm_head``: None = take ``cls.predictions.*`` if present, True = require it, False =
+    skip it. Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor at once."""
+    present = any(normalise_name(n).startswith("cls.predictions.") for n in tensors)
+    if mlm_head and not present:
+        raise CheckpointError(f"{where} has no masked-LM head (no cls.predictions.* tensors); it is an "
+                              "encoder-only checkpoint")
+    with_head = present if mlm_head is None else bool(mlm_head)
+    by_name, skipped, tied = {}, [], {}
     for name, tensor in tensors.items():
         if normalise_name(name) in BUFFERS:
             continue
-        if any(name.startswith(p) for p in SKIPPED_PREFIXES):
+        if with_head and normalise_name(name) in MLM_TIED:
+            tied[normalise_name(name)] = (name, tensor)
+            continue
+        if with_head and normalise_name(name).startswith("cls.predictions."):
+            pass
+        elif any(name.startswith(p) for p in SKIPPED_PREFIXES):
             skipped.append(name)
             continue
         key = normalise_name(name)
@@ -187,7 +214,9 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
         by_name[key] = (name, tensor)
 
     has_pooler = any(k.startswith("pooler.") for k in by_name)
-    expected = tensor_map(config, with_pooler=has_pooler)
+    if with_head and "cls.predictions.bias" not in by_name and "cls.predictions.decoder.bias" in tied:
+        by_name["cls.predictions.bias"] = tied.pop("cls.predictions.decoder.bias")  # only the tied copy
+    expected = tensor_map(config, with_pooler=has_pooler, with_mlm_head=with_head)
     expected_names = {theirs for theirs, _, _ in expected}
     missing = [theirs for theirs, _, _ in expected if theirs not in by_name]
     unexpected = sorted(k for k in by_name if k not in expected_names)
@@ -208,29 +237,37 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
     if problems:
         raise CheckpointError(f"{where} does not fit its config: " + "; ".join(problems))
 
+    for copy, original in MLM_TIED.items():  # tied copies must really be copies: we keep one tensor
+        if copy in tied:
+            name, tensor = tied[copy]
+            if tuple(tensor.shape) != tuple(by_name[original][1].shape) or not torch.equal(
+                    tensor, by_name[original][1].to(tensor.dtype)):
+                raise CheckpointError(f"{where}: {name} differs from {by_name[original][0]}; minibert's masked-LM "
+                                      "head ties them (as BERT does). Load with mlm_head=False to skip the head")
+
     state = {}
     for theirs, ours, shape in expected:
         tensor = by_name[theirs][1]
         assert tuple(tensor.shape) == shape, (theirs, tuple(tensor.shape), shape)
         state[ours] = tensor
-    return state, has_pooler, sorted(skipped)
+    return state, has_pooler, with_head, sorted(skipped)
 
 
 def _shorten(names: list[str], limit: int = 12) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def load_model(cls, source, *, revision=None, dtype=None, device=None):
+def load_model(cls, source, *, revision=None, dtype=None, device=None, mlm_head=None):
     path = resolve_source(source, revision=revision)
     config_path, weight_files = find_checkpoint(path)
     config = BertConfig.from_json_file(config_path)
     tensors = read_checkpoint(weight_files)
-    state, has_pooler, skipped = match_checkpoint(config, tensors, where=str(path))
+    state, has_pooler, has_head, skipped = match_checkpoint(config, tensors, where=str(path), mlm_head=mlm_head)
     del tensors
 
     dtype = _parse_dtype(dtype)
     with torch.device("meta"):  # no memory, no random init: every parameter is assigned below
-        model = cls(config, add_pooler=has_pooler)
+        model = cls(config, add_pooler=has_pooler, add_mlm_head=has_head)
     for name, tensor in state.items():
         target_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
         state[name] = tensor.to(device=device, dtype=target_dtype)
@@ -254,17 +291,23 @@ def _parse_dtype(dtype):
 
 # ----------------------------------------------------------------------------------------- saving
 def save_model(model, directory) -> None:
-    """config.json + model.safetensors in transformers' BertModel layout."""
+    """config.json + model.safetensors in transformers' BertModel layout, or, with a masked-LM head,
+    BertForMaskedLM's (encoder names prefixed ``bert.``, head under ``cls.predictions.``)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     params = dict(model.named_parameters())
+    head = getattr(model, "mlm_head", None) is not None
     state = {}
-    for theirs, ours, shape in tensor_map(model.config, with_pooler=model.pooler is not None):
+    for theirs, ours, shape in tensor_map(model.config, with_pooler=model.pooler is not None, with_mlm_head=head):
         tensor = params.pop(ours)
         assert tuple(tensor.shape) == shape, (ours, tuple(tensor.shape), shape)
-        state[theirs] = tensor.detach().to("cpu").contiguous()
+        name = f"bert.{theirs}" if head and not theirs.startswith("cls.") else theirs
+        state[name] = tensor.detach().to("cpu").contiguous()
     assert not params, f"parameters with no checkpoint name: {sorted(params)}"
-    model.config.to_json_file(directory / "config.json")
+    config = model.config.to_dict()
+    if head:  # tell transformers which class the file holds
+        config["architectures"] = ["BertForMaskedLM"]
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     save_file(state, directory / WEIGHT_FILE, metadata={"format": "pt"})

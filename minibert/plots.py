@@ -102,3 +102,24 @@ def mix_weights(weights, norms, path, first_layer: int = 0, gamma=None, title="S
     a2.set_title("Per-layer norm")
     a2.set_xticks(layers)
     return _save(fig, path)
+
+
+def logit_lens(result, path, title=None) -> Path:
+    """Per layer: probability of the final prediction (line) and its rank (log scale, right axis)."""
+    plt = _pyplot()
+    layers = [r.layer for r in result.rows]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    ax.plot(layers, [r.target_prob for r in result.rows], marker="o", label=f"p({result.target})")
+    ax.plot(layers, [r.top_prob for r in result.rows], marker=".", linestyle=":", label="p(layer's top token)")
+    ax.set_xlabel("layer (0 = embeddings)")
+    ax.set_ylabel("probability")
+    ax.set_ylim(0, 1)
+    ax.set_xticks(layers)
+    rank_ax = ax.twinx()
+    rank_ax.plot(layers, [r.target_rank for r in result.rows], color="tab:red", alpha=0.6, label="rank")
+    rank_ax.set_yscale("log")
+    rank_ax.invert_yaxis()
+    rank_ax.set_ylabel(f"rank of {result.target!r} (1 = top)")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title or f"Logit lens: when does {result.target!r} win?")
+    return _save(fig, path)

@@ -30,11 +30,14 @@ def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
 
     config = dataclasses.replace(model.config, num_hidden_layers=len(chosen))
     with torch.device("meta"):  # placeholders only; every module is replaced by a copy below
-        new = type(model)(config, add_pooler=model.pooler is not None)
+        new = type(model)(config, add_pooler=model.pooler is not None,
+                          add_mlm_head=getattr(model, "mlm_head", None) is not None)
     new.embeddings = copy.deepcopy(model.embeddings)
     new.encoder.blocks = torch.nn.ModuleList(copy.deepcopy(model.encoder.blocks[i]) for i in chosen)
     if model.pooler is not None:
         new.pooler = copy.deepcopy(model.pooler)
+    if new.mlm_head is not None:
+        new.mlm_head = copy.deepcopy(model.mlm_head)
     for module in new.modules():  # hooks active on the original never leak into the copy
         if hasattr(module, "taps"):
             module.taps = {}

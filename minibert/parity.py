@@ -1,0 +1,230 @@
+"""Parity reports: how far apart two BERT encoders are, layer by layer.
+
+Two uses:
+
+- minibert against transformers on the same checkpoint (``minibert parity --model M``): is this checkpoint
+  computed the same by both? (It should be, to ~1e-6 in fp32.)
+- one checkpoint against another, both run by minibert (``minibert parity --model A --against B``):
+  where does a converted, quantised, pruned or fine-tuned copy start to drift from the original?
+
+For every layer the report gives the max and mean absolute difference of the hidden states over real
+(unpadded) tokens and of the attention probabilities over real query/key pairs, then the pooler. The
+first row whose max exceeds ``atol`` is the first divergent layer. Row "embeddings" is hidden_states[0];
+row "block i" is block i's output (hidden_states[i + 1]) and its attention probabilities.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+#: the built-in inputs: plain sentences, sentence pairs, very short and long texts, accents, numbers,
+#: punctuation and non-Latin script, batched so that padding is exercised
+DEFAULT_TEXTS = [
+    "The bank approved the loan application.",
+    "A quick brown fox jumps over the lazy dog near the riverbank.",
+    "Hi!",
+    "Tokenizers split unaffable words like unbelievably into word pieces.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+    "Café au lait costs €3.50 in Zürich; naïve résumé writers don't care.",
+    "東京は日本の首都です。 Москва — столица России.",
+    "In 1969, Apollo 11 landed on the Moon: 4 days, 6 hours and 45 minutes after launch.",
+    " ".join(["This long sentence repeats itself to fill many positions of the model."] * 12),
+]
+DEFAULT_PAIRS = [
+    ("Where is the bank?", "It is next to the river."),
+    ("He went to the store to buy milk and eggs for breakfast.", "The store was closed."),
+    ("Short.", "A somewhat longer second segment with several more tokens in it, to pad the first."),
+]
+DEFAULT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-3}
+
+
+@dataclass
+class Row:
+    layer: str
+    hidden_max: float
+    hidden_mean: float
+    attention_max: float | None = None
+    attention_mean: float | None = None
+
+    def worst(self) -> float:
+        return max(self.hidden_max, self.attention_max or 0.0)
+
+
+@dataclass
+class ParityReport:
+    a: str
+    b: str
+    dtype: str
+    atol: float
+    rows: list[Row] = field(default_factory=list)
+    inputs: int = 0
+
+    @property
+    def first_divergent(self) -> str | None:
+        for row in self.rows:
+            if not row.worst() <= self.atol:  # NaN counts as divergent
+                return row.layer
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return self.first_divergent is None
+
+    def table(self) -> str:
+        lines = [f"parity: {self.a}  vs  {self.b}  ({self.dtype}, {self.inputs} inputs, atol {self.atol:g}; "
+                 "differences over real tokens)",
+                 f"{'layer':<12}{'hidden max':>12}{'hidden mean':>13}{'attn max':>11}{'attn mean':>11}"]
+        first = self.first_divergent
+
+        def fmt(v):
+            return f"{v:.2e}" if v is not None else "-"
+
+        for row in self.rows:
+            mark = "  <- first divergent" if row.layer == first else ("  >atol" if not row.worst() <= self.atol
+                                                                    else "")
+            lines.append(f"{row.layer:<12}{fmt(row.hidden_max):>12}{fmt(row.hidden_mean):>13}"
+                         f"{fmt(row.attention_max):>11}{fmt(row.attention_mean):>11}{mark}")
+        worst = max((r.worst() for r in self.rows), default=0.0)
+        lines.append(f"result: {'PASS' if self.ok else 'FAIL'} -- largest difference {worst:.2e}"
+                     + (f"; first layer over {self.atol:g}: {first}" if first else ""))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data.update(first_divergent=self.first_divergent, ok=self.ok)
+        return data
+
+    def write_json(self, path) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=2)
+            f.write("\n")
+
+
+# ------------------------------------------------------------------------------------------- runners
+# A runner maps a batch dict to (hidden_states tuple, attentions tuple or None, pooler or None).
+Runner = Callable[[dict], tuple]
+
+
+def minibert_runner(model) -> Runner:
+    def run(batch):
+        out = model(**batch, output_attentions=True)
+        return out.hidden_states, out.attentions, out.pooler_output
+    return run
+
+
+def transformers_runner(model) -> Runner:
+    def run(batch):
+        out = model(**batch, output_hidden_states=True, output_attentions=True)
+        attentions = out.attentions if out.attentions and out.attentions[0] is not None else None
+        return out.hidden_states, attentions, getattr(out, "pooler_output", None)
+    return run
+
+
+def load_transformers(source: str, dtype: torch.dtype):
+    """transformers' BertModel for ``source`` with eager attention (the one that returns probabilities)."""
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("comparing against transformers needs it installed: pip install 'minibert[parity]' "
+                          "(or pip install transformers); --against compares two checkpoints without it") from None
+    from .loading import resolve_source
+
+    path = resolve_source(source)
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    return transformers.BertModel.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+
+
+def make_batches(tokenizer, texts=None, pairs=None, batch_size: int = 8, max_length: int | None = None) -> list[dict]:
+    """Padded batches of the texts (and of the pairs): built-in ones when neither is given."""
+    if texts is None and pairs is None:
+        texts, pairs = DEFAULT_TEXTS, DEFAULT_PAIRS
+    batches = []
+    texts = list(texts or [])
+    for start in range(0, len(texts), batch_size):
+        chunk = texts[start:start + batch_size]
+        batches.append(dict(tokenizer(chunk, padding=True, truncation=True, max_length=max_length,
+                                      return_tensors="pt")))
+    pairs = list(pairs or [])
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        batches.append(dict(tokenizer([a for a, _ in chunk], [b for _, b in chunk], padding=True,
+                                      truncation=True, max_length=max_length, return_tensors="pt")))
+    if not batches:
+        raise ValueError("no inputs: give at least one text")
+    return batches
+
+
+def compare(run_a: Runner, run_b: Runner, batches: list[dict], *, atol: float, name_a: str = "a",
+            name_b: str = "b", dtype: str = "fp32") -> ParityReport:
+    """Run both on every batch and collect per-layer differences over real tokens."""
+    stats: dict[str, dict[str, list[float]]] = {}  # layer -> kind -> [max, sum, count], running
+    count = 0
+
+    def add(layer, kind, diff):  # diff: 1-D tensor of absolute differences
+        entry = stats.setdefault(layer, {}).setdefault(kind, [0.0, 0.0, 0])
+        if diff.numel():
+            m = _max(diff)
+            entry[0] = float("nan") if m != m or entry[0] != entry[0] else max(entry[0], m)  # NaN sticks
+            entry[1] += float(diff.double().sum())
+            entry[2] += diff.numel()
+
+    with torch.inference_mode():
+        for batch in batches:
+            mask = batch.get("attention_mask")
+            valid = (torch.ones_like(batch["input_ids"]) if mask is None else mask).bool()
+            count += int(valid.shape[0])
+            ha, aa, pa = run_a(batch)
+            hb, ab, pb = run_b(batch)
+            if len(ha) != len(hb):
+                raise ValueError(f"{name_a} has {len(ha) - 1} blocks but {name_b} has {len(hb) - 1}; "
+                                 "per-layer parity needs the same depth")
+            pair = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, T, T) real query and key
+            for i, (x, y) in enumerate(zip(ha, hb)):
+                layer = "embeddings" if i == 0 else f"block {i - 1}"
+                add(layer, "hidden", (x.float() - y.float())[valid].abs().flatten())
+                if i > 0 and aa is not None and ab is not None:
+                    p, q = aa[i - 1], ab[i - 1]
+                    add(layer, "attention", (p.float() - q.float()).masked_select(pair).abs())
+            if pa is not None and pb is not None:
+                add("pooler", "hidden", (pa.float() - pb.float()).abs().flatten())
+
+    report = ParityReport(a=name_a, b=name_b, dtype=dtype, atol=atol, inputs=count)
+    for layer, kinds in stats.items():  # insertion order: embeddings, block 0, ..., pooler
+        h, a = kinds["hidden"], kinds.get("attention")
+        report.rows.append(Row(layer, h[0], h[1] / max(h[2], 1),
+                               a[0] if a else None, a[1] / max(a[2], 1) if a else None))
+    return report
+
+
+def _max(t: torch.Tensor) -> float:
+    return float("nan") if bool(torch.isnan(t).any()) else float(t.max())  # NaN must not hide
+
+
+def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", texts=None, atol=None,
+               tokenizer_source: str | None = None) -> ParityReport:
+    """The ``minibert parity`` command as a function: ``model`` vs transformers on the same checkpoint, or
+    ``model`` vs ``against``, both through minibert."""
+    from .loading import _parse_dtype
+    from .model import BertModel
+    from .tokenizer import BertTokenizer
+
+    if dtype not in DEFAULT_ATOL:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(DEFAULT_ATOL)}")
+    torch_dtype = _parse_dtype(dtype)
+    atol = DEFAULT_ATOL[dtype] if atol is None else float(atol)
+    tokenizer = BertTokenizer.from_pretrained(tokenizer_source or model)
+    batches = make_batches(tokenizer, texts=texts) if texts is not None else make_batches(tokenizer)
+    ours = BertModel.from_pretrained(model, dtype=torch_dtype)
+    if against is None:
+        reference = load_transformers(model, torch_dtype)
+        return compare(minibert_runner(ours), transformers_runner(reference), batches, atol=atol,
+                       name_a=f"minibert {model}", name_b=f"transformers {model}", dtype=dtype)
+    other = BertModel.from_pretrained(against, dtype=torch_dtype)
+    return compare(minibert_runner(ours), minibert_runner(other), batches, atol=atol, name_a=model,
+                   name_b=against, dtype=dtype)
