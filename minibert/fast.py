@@ -14,7 +14,8 @@ matter for speed:
    and after 6-12 blocks that costs up to ~1.1e-5 -- over our 1e-5 promise. ``PREPACK_FP32 = True``
    trades that exactness for the speed. The fused/packed copy is cached on the model and rebuilt when
    a parameter changes; ``release(model)`` drops it.
-4. **inference_mode**, in-place residual adds, PyTorch's fused attention kernel.
+4. **inference_mode**, in-place residual adds and GELU, PyTorch's fused attention kernel, and the two
+   big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``_Workspace``).
 
 Outputs at padded positions are zeros (the readable path leaves arbitrary, unused values there); every
 real position matches. The readable path runs instead when attention maps, hooks or training are asked
@@ -49,13 +50,29 @@ class _Linear:
                 self.packed = None
         self.weight = weight.detach()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (N, in). ``out``: an (N, out) buffer to write into (plain path only), see ``_Workspace``."""
         if self.packed is not None:
             if self.gelu is None:
                 return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], self.gelu)
-        y = F.linear(x, self.weight, self.bias)
-        return F.gelu(y, approximate=self.gelu) if self.gelu is not None else y
+        if out is None:
+            y = F.linear(x, self.weight, self.bias)
+            return F.gelu(y, approximate=self.gelu) if self.gelu is not None else y
+        torch.addmm(self.bias, x, self.weight.t(), out=out)  # what F.linear runs, into our buffer
+        return torch.ops.aten.gelu_(out, approximate=self.gelu) if self.gelu is not None else out
+
+
+class _Workspace(dict):
+    """Large buffers reused by every block of one forward pass. A fresh (N, 3H) or (N, F) tensor above
+    glibc's 32 MB mmap limit is new memory each time: every page faults on first touch, which cost more
+    than the GELU itself at 32 x 128 tokens. Reusing one buffer per kind faults once per forward."""
+
+    def get(self, name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+        buf = dict.get(self, name)
+        if buf is None or buf.shape != shape:
+            buf = self[name] = like.new_empty(shape)
+        return buf
 
 
 class _FastBlock:
@@ -72,10 +89,11 @@ class _FastBlock:
         self.ffn_out = _Linear(f.dense_out.weight, f.dense_out.bias)
         self.norm2 = block.output_norm
 
-    def __call__(self, x: torch.Tensor, lengths: list[int] | None, B: int, T: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, lengths: list[int] | None, B: int, T: int, ws: _Workspace) -> torch.Tensor:
         """x: (N, H) packed real tokens. lengths: tokens per sequence (None = dense (B, T))."""
         h, d = self.heads, self.d
-        qkv = self.qkv(x)  # (N, 3H)
+        N = x.shape[0]
+        qkv = self.qkv(x, out=ws.get("qkv", (N, 3 * h * d), x))  # (N, 3H)
         if lengths is None:  # dense batch: one attention call for all
             q, k, v = qkv.view(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # each (B, h, T, d)
             ctx = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)  # (B, h, T, d)
@@ -88,7 +106,7 @@ class _FastBlock:
             ctx = torch.cat(parts).reshape(-1, h * d)  # (N, H)
         y = self.out(ctx).add_(x)  # residual
         x = F.layer_norm(y, y.shape[-1:], self.norm1.weight, self.norm1.bias, self.norm1.eps)
-        inner = self.ffn_in(x)  # (N, F), GELU fused when possible
+        inner = self.ffn_in(x, out=ws.get("inner", (N, self.ffn_in.weight.shape[0]), x))  # (N, F), GELU fused
         if self.act is not None:
             inner = self.act(inner)
         y = self.ffn_out(inner).add_(x)
@@ -143,9 +161,10 @@ def fast_forward(model, input_ids, attention_mask, token_type_ids, position_ids,
 
         nonempty = [n for n in lengths if n] if lengths is not None else None
         packed_states = [x]
+        workspace = _Workspace()
         for i, block in enumerate(blocks[:num_blocks]):
             if i not in skip_blocks:
-                x = block(x, nonempty, B, T)
+                x = block(x, nonempty, B, T, workspace)
             packed_states.append(x)
 
         def unpack(t):  # (N, H) -> (B, T, H), zeros at padding
