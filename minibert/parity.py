@@ -137,7 +137,13 @@ def load_transformers(source: str, dtype: torch.dtype):
     import logging
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    return transformers.BertModel.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+    try:
+        model = transformers.BertModel.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    except TypeError:  # transformers < 4.56 names it torch_dtype
+        model = transformers.BertModel.from_pretrained(path, torch_dtype=dtype, attn_implementation="eager")
+    if next(model.parameters()).dtype != dtype:  # an older release may have ignored the keyword
+        model = model.to(dtype)
+    return model.eval()
 
 
 def make_batches(tokenizer, texts=None, pairs=None, batch_size: int = 8, max_length: int | None = None) -> list[dict]:

@@ -220,3 +220,13 @@ def test_logit_lens_last_row_is_the_prediction(mlm_dirs, capsys, tmp_path):
     code = main(["fill", text, "--model", str(directory), "--lens", "--plot", str(tmp_path / "lens.png")])
     out = capsys.readouterr().out
     assert code == 0 and "logit lens" in out and (tmp_path / "lens.png").stat().st_size > 1000
+
+
+def test_parity_without_transformers_says_so(minilm_dir, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
+    with pytest.raises(SystemExit) as e:
+        main(["parity", "--model", str(minilm_dir)])
+    assert e.value.code == 2
+    assert "needs it installed" in capsys.readouterr().err
