@@ -53,20 +53,24 @@ PADDED = [(16, 128, 0.38), (32, 128, 0.5), (8, 512, 0.4)]  # (batch, length, fra
 
 # ----------------------------------------------------------------------------------------------- inputs
 def lengths_for(B: int, T: int, fraction: float, seed: int = 0) -> list[int]:
-    """B sequence lengths, the longest exactly T, the total as close to fraction * B * T as possible."""
-    if fraction >= 1:
+    """B sequence lengths between ~T/10 and T: one text of exactly T tokens and shorter ones, summing to
+    fraction * B * T (as close as the bounds allow). A realistic mix: short texts plus a long one."""
+    if fraction >= 1 or B == 1:
         return [T] * B
+    low = max(2, round(0.1 * T))
+    target = round(fraction * B * T)
     g = torch.Generator().manual_seed(seed)
-    raw = 0.2 + 1.6 * torch.rand(B, generator=g)
-    lengths = (raw / raw.sum() * fraction * B * T).round().clamp(2, T).long()
-    lengths[0] = T
-    for _ in range(10 * B):  # nudge to the target total
-        diff = round(fraction * B * T) - int(lengths.sum())
-        if diff == 0:
+    raw = 0.2 + 1.6 * torch.rand(B - 1, generator=g)
+    rest = (raw / raw.sum() * (target - T)).round().clamp(low, T).long().tolist()
+    lengths = [T] + rest
+    for _ in range(B * T):  # nudge to the target total within [low, T]
+        diff = target - sum(lengths)
+        movable = [i for i in range(1, B) if (lengths[i] < T if diff > 0 else lengths[i] > low)]
+        if diff == 0 or not movable:
             break
-        i = int(torch.randint(1, B, (1,), generator=g)) if B > 1 else 0
-        lengths[i] = min(T, max(2, int(lengths[i]) + (1 if diff > 0 else -1)))
-    return lengths.tolist()
+        i = movable[int(torch.randint(len(movable), (1,), generator=g))]
+        lengths[i] += 1 if diff > 0 else -1
+    return lengths
 
 
 def make_batch(B: int, T: int, fraction: float, vocab: int) -> dict:

@@ -314,11 +314,12 @@ class BertModel(nn.Module):
 
         ``fast=True`` runs the padding-free inference path of ``minibert/fast.py`` (same results on real
         tokens to 1e-5, zeros at padding); when attention maps, hooks or training mode are involved the
-        readable path below runs instead, as only it computes those."""
+        readable path below runs instead, as only it computes those. Under torch.compile the readable path
+        is traced too (packing depends on the mask's values, which a compiled graph cannot branch on)."""
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             self.config, self.device, input_ids, attention_mask, token_type_ids, position_ids)
         num_blocks, skip_blocks = self._check_blocks(num_blocks, skip_blocks)
-        if fast and not (output_attentions or self.training or self.has_hooks()):
+        if fast and not (output_attentions or self.training or self.has_hooks() or torch.compiler.is_compiling()):
             from .fast import fast_forward
 
             return fast_forward(self, input_ids, attention_mask, token_type_ids, position_ids,
