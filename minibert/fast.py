@@ -163,7 +163,7 @@ def fast_forward(model, input_ids, attention_mask, token_type_ids, position_ids,
         packed_states = [x]
         workspace = _Workspace()
         for i, block in enumerate(blocks[:num_blocks]):
-            if i not in skip_blocks:
+            if i not in skip_blocks and x.shape[0]:  # (an all-padding batch has no token to run)
                 x = block(x, nonempty, B, T, workspace)
             packed_states.append(x)
 

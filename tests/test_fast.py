@@ -181,3 +181,16 @@ def test_prepacked_fp32_option_stays_close(minilm, monkeypatch):
     assert compare(slow, fast, batch["attention_mask"]) <= 2e-5  # documented: up to ~1.1e-5 on BERT-base
     monkeypatch.undo()
     minibert.fast.release(model)
+
+
+def test_rows_without_real_tokens(minilm):
+    model, tok = minilm
+    batch = dict(tok(SENTENCES[:3], padding=True, return_tensors="pt"))
+    batch["attention_mask"][1] = 0  # a row that is all padding (its pooler output is undefined)
+    slow, fast = both(model, batch)
+    assert compare(slow, fast, batch["attention_mask"], pooler=False) <= ATOL
+    assert fast.last_hidden_state[1].abs().max() == 0
+    batch["attention_mask"][:] = 0  # nothing real at all
+    with torch.inference_mode():
+        out = model(**batch, fast=True)
+    assert out.last_hidden_state.abs().max() == 0 and len(out.hidden_states) == 7
