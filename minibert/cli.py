@@ -216,7 +216,7 @@ def cmd_fill(args) -> int:
     for text, masks in zip(args.texts, fill_mask(model, tokenizer, args.texts, top_k=args.top_k)):
         print(text)
         for k, predictions in enumerate(masks):
-            print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3f}" for tok, p in predictions))
+            print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3g}" for tok, p in predictions))
         if args.lens:
             result = logit_lens(model, tokenizer, text)
             print(result.table())

@@ -36,7 +36,7 @@ class LensResult:
                  f"{'p(' + self.target + ')':>14}"]
         for r in self.rows:
             name = "emb" if r.layer == 0 else str(r.layer)
-            lines.append(f"{name:>5}  {r.top_token:<16}{r.top_prob:>8.3f}  {r.target_rank:>18}{r.target_prob:>14.4f}")
+            lines.append(f"{name:>5}  {r.top_token:<16}{r.top_prob:>8.3g}  {r.target_rank:>18}{r.target_prob:>14.3g}")
         return "\n".join(lines)
 
 

@@ -118,7 +118,7 @@ def logit_lens(result, path, title=None) -> Path:
     rank_ax = ax.twinx()
     rank_ax.plot(layers, [r.target_rank for r in result.rows], color="tab:red", alpha=0.6, label="rank")
     rank_ax.set_yscale("log")
-    rank_ax.invert_yaxis()
+    rank_ax.set_ylim(max(2 * max(r.target_rank for r in result.rows), 10), 0.8)  # rank 1 at the top
     rank_ax.set_ylabel(f"rank of {result.target!r} (1 = top)")
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title or f"Logit lens: when does {result.target!r} win?")
