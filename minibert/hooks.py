@@ -135,6 +135,8 @@ def expand_names(model, patterns: Iterable[str]) -> list[str]:
 def registered(model, fns: dict[str, "HookFn | list[HookFn]"]):
     """Register ``{point name or pattern: function or list of functions}`` for the ``with`` block; the
     functions are removed on exit, also when the block raises."""
+    if not isinstance(fns, dict):
+        raise TypeError(f"hooks takes a dict {{point name or pattern: function}}, got {type(fns).__name__}")
     added: list[tuple[dict, str, tuple[str, HookFn]]] = []
     try:
         for pattern, value in fns.items():
