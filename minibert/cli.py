@@ -217,7 +217,7 @@ def cmd_fill(args) -> int:
         print(text)
         for k, predictions in enumerate(masks):
             print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3g}" for tok, p in predictions))
-        if args.lens:
+        if args.lens or args.plot:  # a plot is of the lens
             result = logit_lens(model, tokenizer, text)
             print(result.table())
             if args.plot:
@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--lens", action="store_true", help="also print the per-layer logit lens for the first mask")
-    p.add_argument("--plot", help="with --lens: write the lens plot to this PNG")
+    p.add_argument("--plot", help="write the logit-lens plot to this PNG (implies --lens)")
     p.set_defaults(func=cmd_fill)
     return parser
 
