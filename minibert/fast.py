@@ -148,13 +148,13 @@ def fast_forward(model, input_ids, attention_mask, token_type_ids, position_ids,
     H = model.config.hidden_size
     e = model.embeddings
     with torch.inference_mode():
-        if attention_mask is None or bool(attention_mask.bool().all()):
+        real = None if attention_mask is None else attention_mask.bool()  # (B, T)
+        if real is None or bool(real.all()):
             where, lengths = None, None
             ids, tts, pos = input_ids.reshape(-1), token_type_ids.reshape(-1), position_ids.reshape(-1)
         else:
-            valid = attention_mask.bool().reshape(-1)
-            where = valid.nonzero().squeeze(1)  # flat indices of the real tokens, row by row
-            lengths = attention_mask.bool().sum(1).tolist()
+            where = real.reshape(-1).nonzero().squeeze(1)  # flat indices of the real tokens, row by row
+            lengths = real.sum(1).tolist()
             ids, tts, pos = (t.reshape(-1)[where] for t in (input_ids, token_type_ids, position_ids))
         x = (e.word.weight[ids] + e.token_type.weight[tts]) + e.position.weight[pos]  # (N, H)
         x = F.layer_norm(x, (H,), e.norm.weight, e.norm.bias, e.norm.eps)

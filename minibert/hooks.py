@@ -110,8 +110,11 @@ def _owner(model, name: str):
     return block, parts[2]
 
 
-def expand_names(model, patterns: Iterable[str]) -> list[str]:
-    """Resolve exact names and shell-style patterns (``blocks.*.attn.probs``) to point names."""
+def expand_names(model, patterns: str | Iterable[str]) -> list[str]:
+    """Resolve exact names and shell-style patterns (``blocks.*.attn.probs``), one or several, to point
+    names."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
     names = model.hook_point_names()
     known = set(names)
     out: list[str] = []
@@ -144,7 +147,7 @@ def registered(model, fns: dict[str, "HookFn | list[HookFn]"]):
             for fn in value:
                 if not callable(fn):
                     raise TypeError(f"the hook for {pattern!r} is not callable: {fn!r}")
-            for name in expand_names(model, [pattern]):
+            for name in expand_names(model, pattern):
                 module, local = _owner(model, name)
                 for fn in value:
                     entry = (name, fn)
@@ -175,8 +178,7 @@ class ActivationCache(dict):
 def run_with_cache(model, *args, names=None, detach: bool = True, **kwargs):
     """Run ``model(*args, **kwargs)`` and record the requested points (all of them when ``names`` is None).
     Returns (output, ActivationCache). ``detach=False`` keeps the autograd graph in the cached tensors."""
-    wanted = model.hook_point_names() if names is None else expand_names(
-        model, [names] if isinstance(names, str) else names)
+    wanted = model.hook_point_names() if names is None else expand_names(model, names)
     cache = ActivationCache()
 
     def record(x, name):
@@ -225,16 +227,16 @@ def ablate_heads(model, heads, mode: str = "zero", reference: dict | None = None
     mask = _head_mask(model, heads)
     if mode not in ("zero", "mean"):
         raise ValueError(f"mode must be 'zero' or 'mean', got {mode!r}")
+    names = {layer: f"blocks.{layer}.attn.context" for layer in range(mask.shape[0]) if mask[layer].any()}
     means = {}
     if mode == "mean":
         if reference is None:
             raise ValueError("mean ablation needs reference=<a batch dict>: the head's mean output over that "
                              "batch's real tokens replaces it")
-        names = [f"blocks.{layer}.attn.context" for layer in range(mask.shape[0]) if mask[layer].any()]
         with torch.no_grad():
-            _, cache = run_with_cache(model, **reference, names=names)
+            _, cache = run_with_cache(model, **reference, names=list(names.values()))
         valid = reference.get("attention_mask")
-        for name in names:
+        for name in names.values():
             ctx = cache[name]  # (B, h, T, d)
             w = (torch.ones(ctx.shape[0], ctx.shape[2]) if valid is None else torch.as_tensor(valid).float())
             w = w.to(ctx.device, ctx.dtype)[:, None, :, None]  # (B, 1, T, 1)
@@ -252,8 +254,7 @@ def ablate_heads(model, heads, mode: str = "zero", reference: dict | None = None
             return ctx
         return hook
 
-    fns = {f"blocks.{layer}.attn.context": make(layer) for layer in range(mask.shape[0]) if mask[layer].any()}
-    with registered(model, fns):
+    with registered(model, {name: make(layer) for layer, name in names.items()}):
         yield model
 
 
@@ -263,7 +264,7 @@ def patch(model, cache: dict, names=None, positions=None):
     ``cache``) take their values from ``cache`` (from ``run_with_cache`` on another input of the same
     shape). ``positions``: patch only these token positions (an int, a list or a bool (T,) mask)."""
     table = {name: axis for name, _, axis, _ in point_table(model.config.num_hidden_layers)}
-    wanted = list(cache) if names is None else expand_names(model, [names] if isinstance(names, str) else names)
+    wanted = list(cache) if names is None else expand_names(model, names)
     missing = [n for n in wanted if n not in cache]
     if missing:
         raise KeyError(f"the cache has no {missing[:4]}; run_with_cache(..., names=...) must record them")

@@ -198,17 +198,16 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
     with_head = present if mlm_head is None else bool(mlm_head)
     by_name, skipped, tied = {}, [], {}
     for name, tensor in tensors.items():
-        if normalise_name(name) in BUFFERS:
+        key = normalise_name(name)
+        if key in BUFFERS:
             continue
-        if with_head and normalise_name(name) in MLM_TIED:
-            tied[normalise_name(name)] = (name, tensor)
+        if with_head and key in MLM_TIED:
+            tied[key] = (name, tensor)
             continue
-        if with_head and normalise_name(name).startswith("cls.predictions."):
-            pass
-        elif any(name.startswith(p) for p in SKIPPED_PREFIXES):
+        if not (with_head and key.startswith("cls.predictions.")) and any(
+                name.startswith(p) for p in SKIPPED_PREFIXES):
             skipped.append(name)
             continue
-        key = normalise_name(name)
         if key in by_name:
             raise CheckpointError(f"{where}: {name!r} and another tensor both normalise to {key!r}")
         by_name[key] = (name, tensor)

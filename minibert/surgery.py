@@ -52,8 +52,7 @@ def freeze(model, embeddings: bool = True, blocks: int = 0, pooler: bool = False
     N = model.config.num_hidden_layers
     if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 <= blocks <= N:
         raise ValueError(f"freeze(blocks={blocks!r}): must be an int in [0, {N}] (the number of bottom blocks)")
-    for p in model.parameters():
-        p.requires_grad_(True)
+    model.unfreeze()
     frozen = [model.embeddings] if embeddings else []
     frozen += list(model.encoder.blocks[:blocks])
     if pooler and model.pooler is not None:
