@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import InputError
+
 
 def _model_for(model_or_config):
     from .config import BertConfig
@@ -68,7 +70,7 @@ def flops_per_token(model_or_config, seq_len: int) -> dict:
     model = _model_for(model_or_config)
     config = model.config
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= config.max_position_embeddings:
-        raise ValueError(f"seq_len={seq_len!r} must be an int in [1, {config.max_position_embeddings}]")
+        raise InputError(f"seq_len={seq_len!r} must be an int in [1, {config.max_position_embeddings}]")
     dense = 2 * _numel(model.encoder)
     attention = 4 * len(model.encoder.blocks) * config.hidden_size * seq_len
     pooler = 2 * _numel(model.pooler) if model.pooler is not None else 0

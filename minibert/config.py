@@ -15,6 +15,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from .errors import InputError
+
 #: activations a config may name, as transformers names them
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
@@ -44,27 +46,27 @@ class BertConfig:
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+                raise InputError(f"BertConfig.{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise InputError(
                 f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})")
         if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(
+            raise InputError(
                 f"BertConfig.hidden_act {self.hidden_act!r} is not supported; choose one of {ACTIVATIONS}")
         if self.position_embedding_type != "absolute":
-            raise ValueError(
+            raise InputError(
                 f"BertConfig.position_embedding_type {self.position_embedding_type!r} is not supported: "
                 "minibert implements absolute position embeddings only (transformers 5 silently ignores "
                 "'relative_key'/'relative_key_query' and computes something else; we refuse instead)")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
             if not 0.0 <= float(value) < 1.0:
-                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+                raise InputError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
         if not float(self.layer_norm_eps) > 0:
-            raise ValueError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+            raise InputError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(
+            raise InputError(
                 f"BertConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})")
 
     @property
@@ -83,18 +85,13 @@ class BertConfig:
         if data.get("pad_token_id") is None:
             data["pad_token_id"] = 0
         if data.get("model_type", "bert") != "bert":
-            raise ValueError(f"config.json has model_type {data['model_type']!r}; minibert loads 'bert' only")
+            raise InputError(f"config.json has model_type {data['model_type']!r}; minibert loads 'bert' only")
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} is not valid JSON: {e}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json_object(path))
 
     def to_dict(self) -> dict:
         """config.json content that transformers' BertModel reads back to the same model."""
@@ -113,7 +110,7 @@ class BertConfig:
         """Geometry of an official checkpoint, e.g. ``BertConfig.from_preset("bert-base-uncased")``."""
         key = name.split("/")[-1]
         if key not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+            raise InputError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
         return cls(**PRESETS[key])
 
 
@@ -128,3 +125,16 @@ PRESETS = {
     "bert-large-cased": dict(vocab_size=28996, hidden_size=1024, num_hidden_layers=24,
                              num_attention_heads=16, intermediate_size=4096),
 }
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """A JSON file that must hold one object (config.json, tokenizer files, shard indexes). A file that is
+    not UTF-8, not JSON or not an object is an InputError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path} is not valid JSON (truncated or corrupt?): {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} must hold a JSON object, found a {type(data).__name__}")
+    return data

@@ -12,8 +12,9 @@ matter for speed:
    oneDNN's blocked layout (AMX kernels) and the GELU runs inside the first FFN product. fp32 keeps
    ``F.linear`` (MKL) by default: oneDNN's fp32 products are about 15 % faster but sum in another order,
    and after 6-12 blocks that costs up to ~1.1e-5 -- over our 1e-5 promise. ``PREPACK_FP32 = True``
-   trades that exactness for the speed. The fused/packed copy is cached on the model and rebuilt when
-   a parameter changes; ``release(model)`` drops it.
+   trades that exactness for the speed. The fused/packed copy is kept in a cache beside the model (not
+   inside it: copying, pickling and saving a model never see it), rebuilt when a parameter changes, and
+   freed with the model; ``cached_bytes(model)`` says how much memory it holds, ``release(model)`` frees it.
 4. **inference_mode**, in-place residual adds and GELU, PyTorch's fused attention kernel, and the two
    big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``_Workspace``).
 
@@ -24,8 +25,12 @@ for, since only it computes those.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
+
+from .hardware import warn_if_slow
 
 _MKLDNN = (hasattr(torch.ops, "mkldnn") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.backends.mkldnn.is_available())
@@ -123,19 +128,42 @@ def _key(model):
     return tuple(key)
 
 
+#: model -> (key, fused/packed blocks). Beside the model, not in it: an opaque prepacked oneDNN tensor
+#: cannot be deep-copied or pickled, so it must never be reachable from the module. Weak keys: an entry
+#: goes when its model does.
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _blocks(model) -> list[_FastBlock]:
     key = _key(model)
-    cached = model.__dict__.get("_fast_cache")
+    cached = _CACHE.get(model)
     if cached is None or cached[0] != key:
+        warn_if_slow(model.dtype, model.device)  # once per process: bf16/fp16 without CPU support is slow
+        _CACHE.pop(model, None)  # free the old copy before building the new one
         with torch.inference_mode():
             cached = (key, [_FastBlock(block, model.config.hidden_act) for block in model.encoder.blocks])
-        model.__dict__["_fast_cache"] = cached
+        _CACHE[model] = cached
     return cached[1]
 
 
 def release(model) -> None:
-    """Drop the packed weight copy the fast path keeps on ``model``."""
-    model.__dict__.pop("_fast_cache", None)
+    """Free the fused/packed weight copy the fast path keeps for ``model`` (it is rebuilt on the next
+    ``fast=True`` call)."""
+    _CACHE.pop(model, None)
+
+
+def cached_bytes(model) -> int:
+    """Memory held by the fast path's weight copies for ``model`` (0 when none): the fused QKV matrices,
+    and in half precision (or with ``PREPACK_FP32``) the prepacked copies of every block weight."""
+    cached = _CACHE.get(model)
+    if cached is None:
+        return 0
+    total = 0
+    for block in cached[1]:
+        for linear in (block.qkv, block.out, block.ffn_in, block.ffn_out):
+            size = linear.weight.numel() * linear.weight.element_size()
+            total += size * (linear.packed is not None) + size * (linear is block.qkv)
+    return total
 
 
 def fast_forward(model, input_ids, attention_mask, token_type_ids, position_ids, num_blocks=None,

@@ -20,6 +20,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from .errors import InputError
+
 HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
 
 # (name, shape, token axis, description). The single source for validation, documentation and tests.
@@ -79,7 +81,7 @@ class HookPoints:
                 continue
             if not isinstance(result, torch.Tensor) or result.shape != x.shape:
                 got = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
-                raise ValueError(f"hook at {full_name!r} returned {got}; a replacement must be a tensor "
+                raise InputError(f"hook at {full_name!r} returned {got}; a replacement must be a tensor "
                                  f"of the activation's shape {tuple(x.shape)}")
             x = result
             self.edited = True
@@ -126,7 +128,7 @@ def expand_names(model, patterns: str | Iterable[str]) -> list[str]:
         else:
             matched = fnmatch.filter(names, pattern) if any(c in pattern for c in "*?[") else []
         if not matched:
-            raise ValueError(
+            raise InputError(
                 f"unknown hook point {pattern!r}; this model has {len(names)} points named like "
                 f"'embeddings.output', 'blocks.0.attn.probs' ... 'blocks.{model.config.num_hidden_layers - 1}"
                 f".output' (see model.hook_point_names())")
@@ -200,7 +202,7 @@ def _head_mask(model, heads) -> torch.Tensor:
     elif isinstance(heads, torch.Tensor) or hasattr(heads, "shape"):
         mask = torch.as_tensor(heads).bool()
         if tuple(mask.shape) != (N, h):
-            raise ValueError(f"head mask has shape {tuple(mask.shape)}; it must be (num_layers, num_heads) "
+            raise InputError(f"head mask has shape {tuple(mask.shape)}; it must be (num_layers, num_heads) "
                              f"= {(N, h)}")
         return mask
     else:
@@ -208,12 +210,12 @@ def _head_mask(model, heads) -> torch.Tensor:
     mask = torch.zeros(N, h, dtype=torch.bool)
     for pair in pairs:
         if len(pair) != 2:
-            raise ValueError(f"heads must be (layer, head) pairs, got {pair!r}")
+            raise InputError(f"heads must be (layer, head) pairs, got {pair!r}")
         layer, head = int(pair[0]), int(pair[1])
         if not 0 <= layer < N:
-            raise ValueError(f"layer {layer} is out of range: the model has layers 0..{N - 1}")
+            raise InputError(f"layer {layer} is out of range: the model has layers 0..{N - 1}")
         if not 0 <= head < h:
-            raise ValueError(f"head {head} is out of range: each layer has heads 0..{h - 1}")
+            raise InputError(f"head {head} is out of range: each layer has heads 0..{h - 1}")
         mask[layer, head] = True
     return mask
 
@@ -226,12 +228,12 @@ def ablate_heads(model, heads, mode: str = "zero", reference: dict | None = None
     [(layer, head), ...]."""
     mask = _head_mask(model, heads)
     if mode not in ("zero", "mean"):
-        raise ValueError(f"mode must be 'zero' or 'mean', got {mode!r}")
+        raise InputError(f"mode must be 'zero' or 'mean', got {mode!r}")
     names = {layer: f"blocks.{layer}.attn.context" for layer in range(mask.shape[0]) if mask[layer].any()}
     means = {}
     if mode == "mean":
         if reference is None:
-            raise ValueError("mean ablation needs reference=<a batch dict>: the head's mean output over that "
+            raise InputError("mean ablation needs reference=<a batch dict>: the head's mean output over that "
                              "batch's real tokens replaces it")
         with torch.no_grad():
             _, cache = run_with_cache(model, **reference, names=list(names.values()))
@@ -272,13 +274,13 @@ def patch(model, cache: dict, names=None, positions=None):
     def hook(x, name):
         source = cache[name].to(x.device, x.dtype)
         if source.shape != x.shape:
-            raise ValueError(f"cannot patch {name!r}: cached shape {tuple(source.shape)} differs from this "
+            raise InputError(f"cannot patch {name!r}: cached shape {tuple(source.shape)} differs from this "
                              f"run's {tuple(x.shape)} (pad both inputs to the same length)")
         if positions is None:
             return source
         axis = table[name]
         if axis is None:
-            raise ValueError(f"{name!r} has no token axis; patch it without positions=")
+            raise InputError(f"{name!r} has no token axis; patch it without positions=")
         index = [slice(None)] * x.dim()
         index[axis] = torch.as_tensor(positions) if not isinstance(positions, int) else positions
         out = x.clone()

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from .config import BertConfig
+from .config import BertConfig, read_json_object
+from .errors import CheckpointError, InputError
 
 #: short names accepted for the official checkpoints, resolved to their hub repo ids
 HUB_ALIASES = {
@@ -38,10 +39,6 @@ CONVERT_HINT = ("convert it to safetensors first: python weights/convert_to_safe
 #: files fetched from the hub for a model (tokenizer files come along: they are small)
 MODEL_FILES = ["config.json", WEIGHT_FILE, INDEX_FILE, "model-*-of-*.safetensors",
                "vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json"]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit its config, or a source that holds no usable checkpoint."""
 
 
 # ------------------------------------------------------------------------------------- the name map
@@ -121,7 +118,7 @@ def resolve_source(source, *, revision=None, files=MODEL_FILES) -> Path:
     path = Path(os.fspath(source)).expanduser()
     if path.exists():
         if revision is not None:
-            raise ValueError(f"revision={revision!r} only applies to hub repo ids, not the local path {path}")
+            raise InputError(f"revision={revision!r} only applies to hub repo ids, not the local path {path}")
         return path
     repo_id = HUB_ALIASES.get(str(source), str(source))
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or repo_id.startswith((".", "/")):
@@ -152,8 +149,9 @@ def find_checkpoint(path: Path) -> tuple[Path, list[Path]]:
         if (path / WEIGHT_FILE).exists():
             weight_files = [path / WEIGHT_FILE]
         elif (path / INDEX_FILE).exists():
-            with open(path / INDEX_FILE, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
+            weight_map = read_json_object(path / INDEX_FILE).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"{path / INDEX_FILE} has no valid weight_map (tensor name -> shard file)")
             weight_files = [path / name for name in sorted(set(weight_map.values()))]
             missing = [str(p) for p in weight_files if not p.exists()]
             if missing:
@@ -178,11 +176,19 @@ def read_checkpoint(weight_files: list[Path]) -> dict[str, torch.Tensor]:
 
     tensors = {}
     for file in weight_files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                if name in tensors:
-                    raise CheckpointError(f"tensor {name!r} appears in more than one shard")
-                tensors[name] = f.get_tensor(name)
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    if name in tensors:
+                        raise CheckpointError(f"tensor {name!r} appears in more than one shard")
+                    tensors[name] = f.get_tensor(name)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors' own SafetensorError (header too small, not fully covered, ...)
+            size = file.stat().st_size if file.exists() else 0
+            raise CheckpointError(f"{file} is truncated or corrupt: not a readable safetensors file "
+                                  f"({size:,} bytes; safetensors says: {e}). Download or convert it again"
+                                  ) from None
     return tensors
 
 
@@ -265,6 +271,10 @@ def load_model(cls, source, *, revision=None, dtype=None, device=None, mlm_head=
     del tensors
 
     dtype = _parse_dtype(dtype)
+    if dtype is not None:
+        from .hardware import warn_if_slow
+
+        warn_if_slow(dtype, device, stacklevel=4)  # points at the caller of from_pretrained
     with torch.device("meta"):  # no memory, no random init: every parameter is assigned below
         model = cls(config, add_pooler=has_pooler, add_mlm_head=has_head)
     for name, tensor in state.items():
@@ -284,7 +294,7 @@ def _parse_dtype(dtype):
              "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
     if dtype not in names:
-        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(names)} or a torch.dtype")
+        raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(names)} or a torch.dtype")
     return names[dtype]
 
 

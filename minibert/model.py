@@ -29,6 +29,7 @@ from torch import nn
 from .config import BertConfig
 from . import hooks
 from .hooks import HookPoints
+from .errors import InputError
 
 
 # ----------------------------------------------------------------------------------------- activations
@@ -306,7 +307,8 @@ class BertModel(nn.Module):
                 output_attentions=False, *, num_blocks=None, skip_blocks=(), fast=False) -> BertOutput:
         """input_ids (B, T) token ids. attention_mask (B, T): nonzero = real token, 0 = padding (keys at
         padding are never attended to). token_type_ids (B, T): segment 0 or 1, default 0.
-        position_ids (B, T): default 0..T-1 in every row. A 1-D input is taken as one sequence.
+        position_ids (B, T): default 0..T-1 in every row. token_type_ids and position_ids may also be one
+        row, (1, T) or (T,), for the whole batch. A 1-D input is taken as one sequence.
 
         Interventions: ``num_blocks=k`` exits early after the first k blocks (hidden_states then has k + 1
         entries and the pooler reads block k's output); ``skip_blocks=[i, ...]`` makes those blocks the
@@ -343,11 +345,11 @@ class BertModel(nn.Module):
         N = self.config.num_hidden_layers
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
                                        or not 0 <= num_blocks <= N):
-            raise ValueError(f"num_blocks={num_blocks!r} is out of range: it must be an int in [0, {N}]")
+            raise InputError(f"num_blocks={num_blocks!r} is out of range: it must be an int in [0, {N}]")
         skip = set()
         for i in skip_blocks or ():
             if isinstance(i, bool) or not isinstance(i, int) or not -N <= i < N:
-                raise ValueError(f"skip_blocks has {i!r}; block indices must be ints in [0, {N - 1}]")
+                raise InputError(f"skip_blocks has {i!r}; block indices must be ints in [0, {N - 1}]")
             skip.add(i % N)
         return num_blocks, skip
 
@@ -355,7 +357,7 @@ class BertModel(nn.Module):
         """Masked-LM scores (..., vocab_size) for hidden states (..., H), e.g. ``out.last_hidden_state``
         or any ``out.hidden_states[i]`` (the logit lens)."""
         if self.mlm_head is None:
-            raise ValueError(
+            raise InputError(
                 f"{getattr(self, 'source', 'this model')} has no masked-LM head (no cls.predictions.* "
                 "tensors in the checkpoint): it is an encoder only, e.g. a sentence-embedding model. Use a "
                 "pre-training checkpoint such as bert-base-uncased for fill-mask and the logit lens")
@@ -444,9 +446,9 @@ def _as_long_tensor(name: str, value, device) -> torch.Tensor:
         try:
             value = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"{name} must be a tensor of integer ids, could not convert it: {e}") from None
+            raise InputError(f"{name} must be a tensor of integer ids, could not convert it: {e}") from None
     if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integers, got a tensor of dtype {value.dtype}")
+        raise InputError(f"{name} must hold integers, got a tensor of dtype {value.dtype}")
     return value.to(device=device, dtype=torch.long)
 
 
@@ -456,7 +458,7 @@ def _check_range(name: str, ids: torch.Tensor, limit: int, what: str, hint: str 
     bad = (ids < 0) | (ids >= limit)
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"{name} has value {int(ids[where])} at position {where}; it must be in "
+        raise InputError(f"{name} has value {int(ids[where])} at position {where}; it must be in "
                          f"[0, {limit}) ({what}={limit}){hint}")
 
 
@@ -470,17 +472,18 @@ def check_inputs(config: BertConfig, device, input_ids, attention_mask, token_ty
     else:
         unsqueeze = False
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}")
+        raise InputError(f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}")
     B, T = input_ids.shape
     if B == 0 or T == 0:
-        raise ValueError(f"input_ids is empty: shape {tuple(input_ids.shape)}")
+        raise InputError(f"input_ids is empty: shape {tuple(input_ids.shape)}")
     if T > config.max_position_embeddings:
-        raise ValueError(
+        raise InputError(
             f"input_ids has {T} tokens per sequence, more than max_position_embeddings="
             f"{config.max_position_embeddings}; truncate the input (e.g. tokenizer(..., truncation=True))")
     _check_range("input_ids", input_ids, config.vocab_size, "vocab_size")
 
-    def same_shape(name, value, integer=True):
+    def same_shape(name, value, integer=True, broadcast=False):
+        """``broadcast``: one row, (1, T) or (T,), stands for every row of the batch (as in transformers)."""
         if value is None:
             return None
         if integer:
@@ -489,16 +492,19 @@ def check_inputs(config: BertConfig, device, input_ids, attention_mask, token_ty
             value = torch.as_tensor(value, device=device)
         else:
             value = value.to(device)
-        if unsqueeze and value.dim() == 1:
+        if (unsqueeze or broadcast) and value.dim() == 1:
             value = value[None]
+        if broadcast and tuple(value.shape) == (1, T):
+            value = value.expand(B, T)
         if tuple(value.shape) != (B, T):
-            raise ValueError(f"{name} has shape {tuple(value.shape)} but input_ids has shape {(B, T)}; "
-                             "they must be equal")
+            also = f" or {(1, T)}" if broadcast else ""
+            raise InputError(f"{name} has shape {tuple(value.shape)} but input_ids has shape {(B, T)}; "
+                             f"it must be {(B, T)}{also}")
         return value
 
     attention_mask = same_shape("attention_mask", attention_mask, integer=False)
-    token_type_ids = same_shape("token_type_ids", token_type_ids)
-    position_ids = same_shape("position_ids", position_ids)
+    token_type_ids = same_shape("token_type_ids", token_type_ids, broadcast=True)
+    position_ids = same_shape("position_ids", position_ids, broadcast=True)
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
     else:

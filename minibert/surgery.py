@@ -14,6 +14,8 @@ import dataclasses
 
 import torch
 
+from .errors import InputError
+
 
 def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
     """A new model with copies of the embeddings, the blocks ``indices`` (in the given order) and the pooler."""
@@ -23,10 +25,10 @@ def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
     chosen = []
     for i in indices:
         if isinstance(i, bool) or not isinstance(i, int) or not -N <= i < N:
-            raise ValueError(f"{what}: block {i!r} does not exist; the model has blocks 0..{N - 1}")
+            raise InputError(f"{what}: block {i!r} does not exist; the model has blocks 0..{N - 1}")
         chosen.append(i % N)
     if not chosen:
-        raise ValueError(f"{what}: keep at least one block (the model has {N})")
+        raise InputError(f"{what}: keep at least one block (the model has {N})")
 
     config = dataclasses.replace(model.config, num_hidden_layers=len(chosen))
     with torch.device("meta"):  # placeholders only; every module is replaced by a copy below
@@ -51,7 +53,7 @@ def freeze(model, embeddings: bool = True, blocks: int = 0, pooler: bool = False
     the pooler; everything else is made trainable. Returns the model."""
     N = model.config.num_hidden_layers
     if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 <= blocks <= N:
-        raise ValueError(f"freeze(blocks={blocks!r}): must be an int in [0, {N}] (the number of bottom blocks)")
+        raise InputError(f"freeze(blocks={blocks!r}): must be an int in [0, {N}] (the number of bottom blocks)")
     model.unfreeze()
     frozen = [model.embeddings] if embeddings else []
     frozen += list(model.encoder.blocks[:blocks])

@@ -8,13 +8,20 @@
 Each side may be a checkpoint path or hub id (run by minibert), a ``minibert.BertModel``, or a
 transformers ``BertModel`` object. On failure the AssertionError message is the per-layer table of
 ``minibert parity``, so the CI log says where the models part ways, not just that they do.
+
+``fp32_noise_floor(model, batch)`` measures how far two correct fp32 computations of the same model on
+the same inputs already are from each other on *this* CPU. Use it instead of a fixed 1e-5 when a
+tolerance must hold on every CPU (see README, "Speed").
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .parity import ParityReport, compare, make_batches, minibert_runner, transformers_runner
+from .errors import InputError
 
 
 def _runner(side, dtype):
@@ -40,7 +47,7 @@ def bert_parity(a, b, *, texts=None, pairs=None, batches=None, tokenizer=None, a
             source = next((s for s in (a, b) if isinstance(s, (str, bytes)) or hasattr(s, "__fspath__")), None)
             source = source or getattr(a, "source", None) or getattr(b, "source", None)
             if source is None:
-                raise ValueError("no tokenizer: pass tokenizer= (or batches=) when neither side is a path")
+                raise InputError("no tokenizer: pass tokenizer= (or batches=) when neither side is a path")
             tokenizer = BertTokenizer.from_pretrained(source)
         batches = make_batches(tokenizer, texts=texts, pairs=pairs)
     label = str(dtype).replace("torch.", "") if dtype is not None else "as loaded"
@@ -57,3 +64,47 @@ def assert_bert_close(a, b, *, texts=None, pairs=None, batches=None, tokenizer=N
     if not report.ok:
         raise AssertionError("BERT models differ\n" + report.table())
     return report
+
+
+def _largest_difference(a, b, valid, cls_valid) -> float:
+    diffs = [(x.double() - y.double())[valid].abs().max().item()
+             for x, y in zip(a.hidden_states, b.hidden_states, strict=True)]
+    if a.pooler_output is not None and cls_valid.any():
+        diffs.append((a.pooler_output.double() - b.pooler_output.double())[cls_valid].abs().max().item())
+    return max(diffs)
+
+
+def fp32_noise_floor(model, batch) -> float:
+    """The fp32 rounding noise of ``model`` on ``batch`` on this CPU: the largest absolute difference,
+    over every hidden state at real tokens and the pooler output (where [CLS] is real), between three
+    computations that are all correct --
+
+    * the explicit attention formula (what transformers' eager attention computes, bit for bit),
+    * PyTorch's fused attention kernel (what transformers' default SDPA attention computes, bit for bit),
+    * the explicit formula in float64 (the "true" value, to fp32 precision)
+
+    -- and never less than one fp32 ulp of the largest hidden value. Matrix products on different CPUs
+    (Intel or AMD, AVX2, AVX-512, AMX) sum in different orders, so any other fp32 implementation, like
+    ``fast=True``, can only be held to a multiple of this, measured on the same CPU and inputs."""
+    from .model import BertModel
+
+    if not isinstance(model, BertModel):
+        raise TypeError(f"fp32_noise_floor takes a minibert BertModel, got {type(model).__name__}")
+    if model.dtype != torch.float32:
+        raise InputError(f"fp32_noise_floor measures fp32 models; this one is {model.dtype}")
+    batch = dict(batch)
+    mask = batch.get("attention_mask")
+    ids = torch.as_tensor(batch["input_ids"])
+    valid = (torch.ones(ids.shape, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool())
+    valid = valid.reshape(-1, valid.shape[-1])
+    exact = copy.deepcopy(model).double().eval()
+    with torch.inference_mode():
+        fused = model(**batch)
+        explicit = model(**batch, output_attentions=True)
+        truth = exact(**batch, output_attentions=True)
+    cls_valid = valid[:, 0]
+    floor = max(_largest_difference(fused, explicit, valid, cls_valid),
+                _largest_difference(fused, truth, valid, cls_valid),
+                _largest_difference(explicit, truth, valid, cls_valid))
+    scale = max(h.double()[valid].abs().max().item() for h in truth.hidden_states)
+    return max(floor, torch.finfo(torch.float32).eps * scale)

@@ -18,13 +18,13 @@ Every normalised character remembers the span of the original character it came 
 from __future__ import annotations
 
 import bisect
-import json
 import re
 import unicodedata
 import warnings
 from pathlib import Path
 
 from . import _unicode_tables as _tables
+from .errors import InputError
 
 # ------------------------------------------------------------------------------ character classes
 # The Rust tokenizers library classifies characters with Unicode tables older than Python's unicodedata
@@ -72,7 +72,12 @@ _ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # an ASCII word, or 
 
 
 class Encoding(dict):
-    """What the tokenizer returns: a dict (``model(**encoding)`` works) with attribute access."""
+    """What the tokenizer returns: a dict (``model(**encoding)`` works) with attribute access.
+
+    ``encoding.num_truncated_tokens`` (an attribute, not a key, so it never reaches the model) lists, per
+    row, how many tokens truncation cut off: 0 for rows that fit."""
+
+    num_truncated_tokens: list[int]
 
     def __getattr__(self, name):
         try:
@@ -104,7 +109,7 @@ class BertTokenizer:
         self.cls_token, self.mask_token = cls_token, mask_token
         for name in ("unk_token", "sep_token", "pad_token", "cls_token"):
             if getattr(self, name) not in self.vocab:
-                raise ValueError(f"{name} {getattr(self, name)!r} is not in the vocabulary")
+                raise InputError(f"{name} {getattr(self, name)!r} is not in the vocabulary")
         self.model_max_length = model_max_length
         self.max_input_chars_per_word = max_input_chars_per_word
         self.all_special_tokens = [t for t in (unk_token, sep_token, pad_token, cls_token, mask_token)
@@ -281,7 +286,7 @@ class BertTokenizer:
     def _id_to_token(self, i: int) -> str:
         token = self.ids_to_tokens.get(i)
         if token is None:
-            raise ValueError(f"token id {i} is not in the vocabulary (ids are 0..{len(self.vocab) - 1})")
+            raise InputError(f"token id {i} is not in the vocabulary (ids are 0..{len(self.vocab) - 1})")
         return token
 
     # ------------------------------------------------------------------------------- __call__
@@ -298,18 +303,18 @@ class BertTokenizer:
             pairs = [None] * len(texts)
         else:
             if isinstance(text_pair, (list, tuple)) != batched:
-                raise ValueError("text and text_pair must both be strings or both be lists of strings")
+                raise InputError("text and text_pair must both be strings or both be lists of strings")
             pairs = list(text_pair) if batched else [text_pair]
             if len(pairs) != len(texts):
-                raise ValueError(f"text has {len(texts)} entries but text_pair has {len(pairs)}")
+                raise InputError(f"text has {len(texts)} entries but text_pair has {len(pairs)}")
         for name, values in (("text", texts), ("text_pair", pairs)):
             for v in values:
                 if v is not None and not isinstance(v, str):
-                    raise ValueError(f"{name} must be a string or a list of strings, got {type(v).__name__}")
+                    raise InputError(f"{name} must be a string or a list of strings, got {type(v).__name__}")
 
         padding = {True: "longest", False: "do_not_pad", None: "do_not_pad"}.get(padding, padding)
         if padding not in ("longest", "max_length", "do_not_pad"):
-            raise ValueError(f"padding={padding!r}; use False, True, 'longest' or 'max_length'")
+            raise InputError(f"padding={padding!r}; use False, True, 'longest' or 'max_length'")
         if truncation is None and max_length is not None and padding != "max_length":
             warnings.warn("max_length is set but truncation is not: truncating with 'longest_first', as "
                           "transformers does; pass truncation=True to silence this", stacklevel=2)
@@ -317,13 +322,13 @@ class BertTokenizer:
         truncation = {True: "longest_first", False: None, None: None, "do_not_truncate": None}.get(
             truncation, truncation)
         if truncation not in (None, "longest_first", "only_first", "only_second"):
-            raise ValueError(f"truncation={truncation!r}; use True, 'longest_first', 'only_first' or 'only_second'")
+            raise InputError(f"truncation={truncation!r}; use True, 'longest_first', 'only_first' or 'only_second'")
         if max_length is None and (truncation is not None or padding == "max_length"):
             max_length = self.model_max_length
         if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
-            raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+            raise InputError(f"max_length must be a positive integer, got {max_length!r}")
 
-        rows = []
+        rows, cut = [], []
         for a, b in zip(texts, pairs):
             a_tokens, a_offsets = self._encode_text(a)
             b_tokens, b_offsets = self._encode_text(b) if b is not None else (None, None)
@@ -331,9 +336,12 @@ class BertTokenizer:
                 n_special = (3 if b is not None else 2) if add_special_tokens else 0
                 a_len, b_len = truncated_lengths(len(a_tokens), None if b is None else len(b_tokens),
                                                  max_length - n_special, truncation)
+                cut.append(len(a_tokens) - a_len + (len(b_tokens) - b_len if b is not None else 0))
                 a_tokens, a_offsets = a_tokens[:a_len], a_offsets[:a_len]
                 if b is not None:
                     b_tokens, b_offsets = b_tokens[:b_len], b_offsets[:b_len]
+            else:
+                cut.append(0)
             rows.append(self._assemble(a_tokens, a_offsets, b_tokens, b_offsets, add_special_tokens))
 
         longest = max(len(r["input_ids"]) for r in rows)
@@ -360,6 +368,7 @@ class BertTokenizer:
             values = [r[key] for r in rows]
             out[key] = _as_tensor(key, values, return_tensors) if return_tensors else (
                 values if batched else values[0])
+        out.num_truncated_tokens = cut
         return out
 
     def _assemble(self, a_tokens, a_offsets, b_tokens, b_offsets, add_special_tokens):
@@ -409,21 +418,21 @@ def truncated_lengths(n_a: int, n_b: int | None, budget: int, strategy: str) -> 
     """How many tokens of each sequence survive truncation to ``budget`` tokens (specials excluded),
     with the rules of the tokenizers library."""
     if budget < 0:
-        raise ValueError(f"max_length is {-budget} token(s) too small to hold the special tokens")
+        raise InputError(f"max_length is {-budget} token(s) too small to hold the special tokens")
     if n_b is None:
         if strategy == "only_second":
-            raise ValueError("truncation='only_second' needs a text_pair")
+            raise InputError("truncation='only_second' needs a text_pair")
         return min(n_a, budget), None
     if n_a + n_b <= budget:
         return n_a, n_b
     if strategy == "only_first":
         if n_b >= budget:
-            raise ValueError(f"truncation='only_first' cannot fit: the second sequence alone has {n_b} tokens, "
+            raise InputError(f"truncation='only_first' cannot fit: the second sequence alone has {n_b} tokens, "
                              f"the budget is {budget}")
         return budget - n_b, n_b
     if strategy == "only_second":
         if n_a >= budget:
-            raise ValueError(f"truncation='only_second' cannot fit: the first sequence alone has {n_a} tokens, "
+            raise InputError(f"truncation='only_second' cannot fit: the first sequence alone has {n_a} tokens, "
                              f"the budget is {budget}")
         return n_a, budget - n_a
     # longest_first: keep the shorter whole if it fits in half, else give each half the budget
@@ -438,7 +447,7 @@ def truncated_lengths(n_a: int, n_b: int | None, budget: int, strategy: str) -> 
 def _as_tensor(key, values, return_tensors):
     lengths = {len(v) for v in values}
     if len(lengths) > 1:
-        raise ValueError(f"cannot make one tensor of {key} with lengths {sorted(lengths)}; pass padding=True")
+        raise InputError(f"cannot make one tensor of {key} with lengths {sorted(lengths)}; pass padding=True")
     if return_tensors == "pt":
         import torch
 
@@ -447,7 +456,7 @@ def _as_tensor(key, values, return_tensors):
         import numpy as np
 
         return np.array(values, dtype=np.int64)
-    raise ValueError(f"return_tensors={return_tensors!r}; use None, 'pt' or 'np'")
+    raise InputError(f"return_tensors={return_tensors!r}; use None, 'pt' or 'np'")
 
 
 def load_vocab(path) -> dict[str, int]:
@@ -460,7 +469,6 @@ def load_vocab(path) -> dict[str, int]:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    from .config import read_json_object
+
+    return read_json_object(path) if path.exists() else {}

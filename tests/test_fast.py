@@ -1,8 +1,14 @@
 """The fast inference path (issue 6): packed, padding-free execution with fused QKV and prepacked weights.
 
-It must match the readable path (and so transformers) to 1e-5 on every real token, give zeros at
-padding, never let a row's result depend on the other rows, fall back to the readable path where only
-that one can answer, and notice weight edits. torch.compile must trace the readable model in one graph.
+It must match the readable path (and so transformers) on every real token, give zeros at padding, never
+let a row's result depend on the other rows, fall back to the readable path where only that one can
+answer, and notice weight edits. torch.compile must trace the readable model in one graph.
+
+fp32 tolerances here are never a fixed number: the fast path packs tokens, so the matrix products see
+other shapes and sum in another order, and by how much that moves a result depends on the CPU (Intel or
+AMD, AVX2 / AVX-512 / AMX). Each test measures the fp32 noise floor of the same model on the same inputs
+on the CPU it runs on (``minibert.testing.fp32_noise_floor``: transformers' eager vs SDPA attention, and
+both vs float64) and requires the fast path to stay within FACTOR times it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ import torch
 import minibert.fast
 from conftest import BASE, PAIRS, SENTENCES, random_batch_for, transformers
 from minibert import BertConfig, BertModel, BertTokenizer
+from minibert.testing import fp32_noise_floor
 
-ATOL = 1e-5
+FACTOR = 2  # the README's promise: within 2x the fp32 noise floor of the same inputs on the same CPU
 
 
 @pytest.fixture(scope="module")
@@ -53,36 +60,78 @@ def test_fast_matches_readable_on_real_weights(minilm, kind):
     batch = dict(batch)
     slow, fast = both(model, batch)
     # with left padding position 0 is padding, so the pooler reads an undefined vector in both paths
-    assert compare(slow, fast, batch["attention_mask"], pooler=kind != "left_padded") <= ATOL
+    floor = fp32_noise_floor(model, batch)
+    assert compare(slow, fast, batch["attention_mask"], pooler=kind != "left_padded") <= FACTOR * floor
     padding = ~batch["attention_mask"].bool()
     for h in fast.hidden_states:
         assert h[padding].abs().max().item() == 0 if padding.any() else True
 
 
-def test_fast_matches_transformers_for_bert_base_geometry(base_random_dir):
-    model = BertModel.from_pretrained(base_random_dir).eval()
-    reference = transformers.BertModel.from_pretrained(base_random_dir).eval()
+@pytest.fixture(scope="module")
+def base_pair(base_random_dir):
+    return (BertModel.from_pretrained(base_random_dir).eval(),
+            transformers.BertModel.from_pretrained(base_random_dir).eval(),
+            transformers.BertModel.from_pretrained(base_random_dir, attn_implementation="eager").eval())
+
+
+@pytest.mark.parametrize("positions", ["default", "random", "one_row"])
+def test_fast_matches_transformers_for_bert_base_geometry(base_pair, positions):
+    """12 blocks of random weights: the deepest geometry, where CPU-dependent rounding grows most. The bound
+    is relative to transformers' own eager vs SDPA disagreement (and both vs float64) on these inputs."""
+    model, reference, eager = base_pair
     batch = random_batch_for(BASE, lengths=(64, 17, 40, 3))
     batch["token_type_ids"] = (torch.arange(64)[None] >= 10).long().expand(4, 64) * batch["attention_mask"]
+    g = torch.Generator().manual_seed(3)
+    if positions == "random":
+        batch["position_ids"] = torch.randint(0, 512, (4, 64), generator=g)
+    elif positions == "one_row":  # (1, T) broadcasts over the batch, as in transformers
+        batch["position_ids"] = torch.randperm(512, generator=g)[:64][None]
     with torch.inference_mode():
         ours = model(**batch, fast=True)
         ref = reference(**batch, output_hidden_states=True)
-    assert compare(ours, ref, batch["attention_mask"]) <= ATOL
+        ref_eager = eager(**batch, output_hidden_states=True)
+        readable = model(**batch)
+    valid = batch["attention_mask"]
+    assert compare(readable, ref, valid) == 0.0  # the readable path is exact on every CPU
+    transformers_own = compare(ref_eager, ref, valid)  # today 3.5e-6 .. 8.7e-6 depending on the CPU
+    floor = fp32_noise_floor(model, batch)
+    assert floor >= transformers_own
+    assert compare(ours, ref, valid) <= FACTOR * floor, (compare(ours, ref, valid), transformers_own, floor)
+
+
+def test_one_row_of_positions_or_token_types_broadcasts(minilm):
+    model, tok = minilm
+    batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
+    T = batch["input_ids"].shape[1]
+    B = len(SENTENCES)
+    positions = torch.arange(T).flip(0)
+    types = (torch.arange(T) % 2)
+    full = dict(batch, position_ids=positions.expand(B, T), token_type_ids=types.expand(B, T))
+    for pos, tt in ((positions[None], types[None]), (positions, types)):
+        one = dict(batch, position_ids=pos, token_type_ids=tt)
+        for fast in (False, True):
+            with torch.inference_mode():
+                a, b = model(**one, fast=fast), model(**full, fast=fast)
+            assert torch.equal(a.last_hidden_state, b.last_hidden_state)
+    with pytest.raises(ValueError, match=r"position_ids has shape \(2, \d+\).*\(1, \d+\)"):
+        model(**dict(batch, position_ids=positions.expand(2, T)))
 
 
 def test_a_row_does_not_depend_on_its_neighbours(minilm):
     model, tok = minilm
     texts = SENTENCES + [a for a, _ in PAIRS]
+    tolerance = FACTOR * fp32_noise_floor(model, tok(texts, padding=True, return_tensors="pt"))
     with torch.inference_mode():
-        together = model(**tok(texts, padding=True, return_tensors="pt"), fast=True)
+        batch = tok(texts, padding=True, return_tensors="pt")
+        together = model(**batch, fast=True)
         shuffled_texts = texts[::-1] + ["x " * 60]
         shuffled = model(**tok(shuffled_texts, padding=True, return_tensors="pt"), fast=True)
         for i, text in enumerate(texts):
             alone = model(**tok([text], return_tensors="pt"), fast=True).last_hidden_state[0]
             n = alone.shape[0]
             j = shuffled_texts.index(text)
-            assert (together.last_hidden_state[i, :n] - alone).abs().max() <= ATOL
-            assert (shuffled.last_hidden_state[j, :n] - alone).abs().max() <= ATOL
+            assert (together.last_hidden_state[i, :n] - alone).abs().max() <= tolerance
+            assert (shuffled.last_hidden_state[j, :n] - alone).abs().max() <= tolerance
 
 
 def test_plain_linear_fallback_matches_too(minilm, monkeypatch):
@@ -91,7 +140,7 @@ def test_plain_linear_fallback_matches_too(minilm, monkeypatch):
     monkeypatch.setattr(minibert.fast, "_MKLDNN", False)
     minibert.fast.release(model)
     slow, fast = both(model, batch)
-    assert compare(slow, fast, batch["attention_mask"]) <= ATOL
+    assert compare(slow, fast, batch["attention_mask"]) <= FACTOR * fp32_noise_floor(model, batch)
     minibert.fast.release(model)
 
 
@@ -103,7 +152,7 @@ def test_every_activation(act):
     model = BertModel(config).eval()
     batch = random_batch_for(dict(vocab_size=300), lengths=(9, 4, 1))
     slow, fast = both(model, batch)
-    assert compare(slow, fast, batch["attention_mask"]) <= ATOL
+    assert compare(slow, fast, batch["attention_mask"]) <= FACTOR * fp32_noise_floor(model, batch)
 
 
 def test_fast_path_notices_weight_edits(minilm_dir, minilm):
@@ -115,7 +164,7 @@ def test_fast_path_notices_weight_edits(minilm_dir, minilm):
     with torch.no_grad():
         model.encoder.blocks[2].feed_forward.dense_in.weight.mul_(0.5)
     slow, fast = both(model, batch)
-    assert compare(slow, fast, batch["attention_mask"]) <= ATOL
+    assert compare(slow, fast, batch["attention_mask"]) <= FACTOR * fp32_noise_floor(model, batch)
     assert not torch.allclose(fast.last_hidden_state, before)
 
 
@@ -125,7 +174,7 @@ def test_early_exit_and_skip_in_the_fast_path(minilm):
     for kw in (dict(num_blocks=3), dict(skip_blocks=[1, 4])):
         slow, fast = both(model, batch, **kw)
         assert len(fast.hidden_states) == len(slow.hidden_states)
-        assert compare(slow, fast, batch["attention_mask"]) <= ATOL
+        assert compare(slow, fast, batch["attention_mask"]) <= FACTOR * fp32_noise_floor(model, batch)
 
 
 def test_fast_falls_back_where_only_the_readable_path_can_answer(minilm):
@@ -170,7 +219,8 @@ def test_readable_model_compiles_without_graph_breaks():
     compiled = torch.compile(model, fullgraph=True)
     with torch.no_grad():
         a, b = compiled(ids, mask), model(ids, mask)
-    assert (a.last_hidden_state - b.last_hidden_state)[mask.bool()].abs().max() <= ATOL
+    floor = fp32_noise_floor(model, {"input_ids": ids, "attention_mask": mask})
+    assert (a.last_hidden_state - b.last_hidden_state)[mask.bool()].abs().max() <= FACTOR * floor
 
 
 def test_prepacked_fp32_option_stays_close(minilm, monkeypatch):
@@ -178,7 +228,8 @@ def test_prepacked_fp32_option_stays_close(minilm, monkeypatch):
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     monkeypatch.setattr(minibert.fast, "PREPACK_FP32", True)
     slow, fast = both(model, batch)
-    assert compare(slow, fast, batch["attention_mask"]) <= 2e-5  # documented: up to ~1.1e-5 on BERT-base
+    # oneDNN's fp32 kernels sum in yet another order: documented as up to 4x the floor (1.1e-5 on BERT-base)
+    assert compare(slow, fast, batch["attention_mask"]) <= 4 * fp32_noise_floor(model, batch)
     monkeypatch.undo()
     minibert.fast.release(model)
 
@@ -188,9 +239,41 @@ def test_rows_without_real_tokens(minilm):
     batch = dict(tok(SENTENCES[:3], padding=True, return_tensors="pt"))
     batch["attention_mask"][1] = 0  # a row that is all padding (its pooler output is undefined)
     slow, fast = both(model, batch)
-    assert compare(slow, fast, batch["attention_mask"], pooler=False) <= ATOL
+    assert compare(slow, fast, batch["attention_mask"], pooler=False) <= FACTOR * fp32_noise_floor(model, batch)
     assert fast.last_hidden_state[1].abs().max() == 0
     batch["attention_mask"][:] = 0  # nothing real at all
     with torch.inference_mode():
         out = model(**batch, fast=True)
     assert out.last_hidden_state.abs().max() == 0 and len(out.hidden_states) == 7
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_copying_pickling_and_saving_work_after_fast_forwards(minilm_dir, minilm, tmp_path, dtype):
+    """The packed weights (opaque oneDNN tensors in half precision) live beside the model, never in it."""
+    import copy
+    import gc
+    import pickle
+
+    _, tok = minilm
+    model = BertModel.from_pretrained(minilm_dir, dtype=dtype).eval()
+    batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
+    with torch.inference_mode():
+        before = model(**batch, fast=True).last_hidden_state
+    assert minibert.fast.cached_bytes(model) > 0  # the user can see what the cache holds ...
+    twin = copy.deepcopy(model)
+    again = pickle.loads(pickle.dumps(model))
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    model.save_pretrained(tmp_path / "saved")
+    for other in (twin, again, loaded, BertModel.from_pretrained(tmp_path / "saved")):
+        assert minibert.fast.cached_bytes(other) == 0
+        with torch.inference_mode():
+            assert torch.equal(other(**batch, fast=True).last_hidden_state, before)
+    minibert.fast.release(model)  # ... and free it
+    assert minibert.fast.cached_bytes(model) == 0
+    with torch.inference_mode():
+        model(**batch, fast=True)
+    entries = len(minibert.fast._CACHE)
+    del model, twin, again, loaded, other
+    gc.collect()
+    assert len(minibert.fast._CACHE) < entries  # an entry goes with its model

@@ -34,8 +34,8 @@ IDS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]])
      r"position_ids has value 20 .* \(max_position_embeddings=20\)"),
     (dict(input_ids=IDS, attention_mask=torch.ones(2, 5)),
      r"attention_mask has shape \(2, 5\) but input_ids has shape \(2, 4\)"),
-    (dict(input_ids=IDS, token_type_ids=torch.zeros(1, 4, dtype=torch.long)),
-     r"token_type_ids has shape \(1, 4\) but input_ids has shape \(2, 4\)"),
+    (dict(input_ids=IDS, token_type_ids=torch.zeros(3, 4, dtype=torch.long)),  # (1, 4) broadcasts
+     r"token_type_ids has shape \(3, 4\) but input_ids has shape \(2, 4\); it must be \(2, 4\) or \(1, 4\)"),
     (dict(input_ids=IDS, position_ids=torch.zeros(2, 3, dtype=torch.long)),
      r"position_ids has shape \(2, 3\) but input_ids"),
     (dict(input_ids=IDS.float()), r"input_ids must hold integers, got a tensor of dtype torch.float32"),
