@@ -14,7 +14,8 @@ Measured:
 - checkpoint load time and peak memory growth (fresh processes), import time (fresh processes).
 
     python benchmarks/bench_model.py                 # full run, ~10 minutes on 2 cores
-    python benchmarks/bench_model.py --quick         # small grid, MiniLM-sized model, ~1 minute
+    python benchmarks/bench_model.py --quick         # small grid, MiniLM-sized model, 2 rounds, ~3 minutes;
+                                                     # writes model_quick.md/.json (git-ignored)
 Writes benchmarks/results/model.md and model.json (or --out DIR).
 """
 
@@ -285,7 +286,7 @@ def compile_check(directory: Path, geometry: dict, rounds: int) -> list[dict]:
 # ------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="MiniLM geometry, small grid, 1 round")
+    parser.add_argument("--quick", action="store_true", help="MiniLM geometry, small grid, 2 rounds: a ~3-minute smoke run (results in model_quick.*, git-ignored)")
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds per case (default 5, quick 2)")
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--no-torch", action="store_true", help="leave out nn.TransformerEncoder")
@@ -305,7 +306,13 @@ def main(argv=None) -> int:
     transformers.BertModel(config).eval().save_pretrained(workdir)
     ours_config = BertModel.from_pretrained(workdir).config
 
-    report = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    from minibert.hardware import cpu_info
+
+    cpu_name, cpu_flags = cpu_info()
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+             if f in cpu_flags]
+    report = {"machine": {"cpu": cpu_name or platform.processor() or platform.machine(), "cpu_flags": shown,
+                          "threads": torch.get_num_threads(),
                           "torch": torch.__version__, "transformers": transformers.__version__,
                           "python": platform.python_version()},
               "geometry": geometry, "rounds": rounds, "cases": [], "gemm_peak_gflops": {}}
@@ -349,7 +356,8 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     g = report["geometry"]
     lines = [f"# Model benchmark ({g['num_hidden_layers']} x {g['hidden_size']}, {g['num_attention_heads']} heads)",
-             "", f"torch {m['torch']}, transformers {m['transformers']}, {m['threads']} threads, {m['cpu']}; "
+             "", f"torch {m['torch']}, transformers {m['transformers']}, {m['threads']} threads, {m['cpu']} "
+             f"(CPU flags: {', '.join(m.get('cpu_flags') or ['unknown'])}); "
              f"{report['rounds']} alternating rounds per case. Ratios are medians of same-round time ratios "
              "(lower = faster than transformers' BertModel with SDPA at the same dtype).", ""]
     impls = list(report["cases"][0]["ratio_vs_transformers"])

@@ -10,41 +10,99 @@
 
 ``parity`` exits 1 when a layer differs by more than the tolerance (the table names the first one).
 
-Errors about files, models or options are printed as one line (``minibert: error: ...``), exit code 2.
+Errors about what the user gave -- files, models, checkpoints, options, inputs -- are printed as one line
+(``minibert: error: ...``), exit code 2; anything else is a bug and keeps its traceback. Output cut short
+by a closed pipe (``minibert encode ... | head``) ends quietly. Texts longer than ``--max-length`` tokens
+(default: the model's limit, 512) are truncated, and the command says how many on stderr.
+
+Only argparse is imported up front: ``--help`` and argument errors never wait for torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
+from pathlib import Path
+
+from .errors import InputError, MissingExtra
 
 DEFAULT_MODEL = "bert-base-uncased"
 
 
-def _load(model_source: str, dtype=None):
+def _load(model_source: str, dtype=None, max_length=None):
+    """The model and its tokenizer; ``max_length`` (from --max-length) is checked against the model."""
     from .model import BertModel
     from .tokenizer import BertTokenizer
 
-    return BertModel.from_pretrained(model_source, dtype=dtype), BertTokenizer.from_pretrained(model_source)
+    model, tokenizer = BertModel.from_pretrained(model_source, dtype=dtype), BertTokenizer.from_pretrained(model_source)
+    limit = min(model.config.max_position_embeddings, tokenizer.model_max_length)
+    if max_length is not None and max_length > limit:
+        raise InputError(f"--max-length {max_length} is over the model's limit of {limit} tokens")
+    return model, tokenizer
+
+
+def _tokenize(tokenizer, texts, max_length, truncated, numbers=None):
+    """A padded batch, truncated to ``max_length`` tokens (None: the tokenizer's limit). ``truncated``
+    collects (number, tokens cut) for the texts that were cut; ``numbers`` are the texts' 1-based
+    numbers (default 1, 2, ...)."""
+    batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    numbers = numbers or range(1, len(texts) + 1)
+    truncated += [(k, n) for k, n in zip(numbers, batch.num_truncated_tokens) if n]
+    return batch
+
+
+def _report_truncation(truncated, total, limit, what="text"):
+    """One line on stderr when texts were truncated: how many, by how much, which (first few)."""
+    if not truncated:
+        return
+    which = ", ".join(str(i) for i, _ in truncated[:5]) + (", ..." if len(truncated) > 5 else "")
+    print(f"minibert: note: {len(truncated)} of {total} {what}s had more than {limit} tokens and were truncated "
+          f"(up to {max(n for _, n in truncated)} tokens cut; {what}s {which}); --max-length sets the limit",
+          file=sys.stderr)
+
+
+def _output_file(path: str, suffix: str, what: str) -> Path:
+    """Check an output file before any work: its directory exists (never created), it is not a directory.
+    ``suffix`` is added when missing, as the writer would add it, so the printed path is the real one."""
+    out = Path(path).expanduser()
+    if out.suffix != suffix:
+        out = out.with_name(out.name + suffix)
+    if out.is_dir():
+        raise InputError(f"{what} {str(out)!r} is a directory")
+    if not out.parent.is_dir():
+        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} does not exist (create it first)")
+    if not os.access(out.parent, os.W_OK):
+        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} is not writable")
+    return out
+
+
+def _plot_file(path):
+    """--plot's real path (``.png`` added when there is no suffix), checked before any work."""
+    if path is None:
+        return None
+    from .plots import output_path
+
+    return output_path(path)
 
 
 def cmd_encode(args) -> int:
     import torch
 
-    model, tokenizer = _load(args.model)
-    batch = tokenizer(args.texts, padding=True, truncation=True, return_tensors="pt")
+    from . import layers as L
+
+    model, tokenizer = _load(args.model, max_length=args.max_length)
+    layers = model.config.num_hidden_layers + 1
+    if not -layers <= args.layer < layers:
+        raise InputError(f"--layer {args.layer} is out of range: the model has hidden states 0..{layers - 1}")
+    truncated = []
+    batch = _tokenize(tokenizer, args.texts, args.max_length, truncated)
+    _report_truncation(truncated, len(args.texts), args.max_length or tokenizer.model_max_length)
     with torch.inference_mode():
         out = model(**batch, fast=True)
-    layers = len(out.hidden_states)
-    if not -layers <= args.layer < layers:
-        raise ValueError(f"--layer {args.layer} is out of range: the model has hidden states 0..{layers - 1}")
-    hidden = out.hidden_states[args.layer]  # (B, T, H)
-    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    if args.pool == "cls":
-        vectors = hidden[:, 0]
-    else:  # mean over real tokens only
-        vectors = (hidden * mask).sum(1) / mask.sum(1)
+    vectors = L.pool(out.hidden_states[args.layer], batch["attention_mask"], args.pool)  # (B, H)
     rows = []
     for text, ids, vector in zip(args.texts, batch["input_ids"], vectors):
         n = int((ids != tokenizer.vocab[tokenizer.pad_token]).sum())
@@ -76,8 +134,11 @@ def cmd_layers(args) -> int:
 
     from . import layers as L
 
-    model, tokenizer = _load(args.model)
-    batch = tokenizer([args.text], truncation=True, return_tensors="pt")
+    plot = _plot_file(args.plot)
+    model, tokenizer = _load(args.model, max_length=args.max_length)
+    truncated = []
+    batch = _tokenize(tokenizer, [args.text], args.max_length, truncated)
+    _report_truncation(truncated, 1, args.max_length or tokenizer.model_max_length)
     with torch.inference_mode():
         out = model(**batch)
     mask = batch["attention_mask"]
@@ -97,7 +158,8 @@ def cmd_layers(args) -> int:
     if args.plot:
         from .plots import similarity_heatmap
 
-        path = similarity_heatmap(cka, args.plot, title=f"Linear CKA between layers\n{args.text[:60]!r}")
+        text = args.text if len(args.text) <= 60 else args.text[:57].rstrip() + "..."
+        path = similarity_heatmap(cka, plot, title=f"Linear CKA between layers: {text!r}")
         print(f"wrote {path}")
     return 0
 
@@ -105,6 +167,7 @@ def cmd_layers(args) -> int:
 def cmd_probe(args) -> int:
     from .probing import probe_model, read_conllu
 
+    plot = _plot_file(args.plot)
     data = read_conllu(args.data, column=args.column)
     model, tokenizer = _load(args.model)
     result = probe_model(model, tokenizer, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed,
@@ -115,8 +178,25 @@ def cmd_probe(args) -> int:
     if args.plot:
         from .plots import probe_curve
 
-        print(f"wrote {probe_curve(result, args.plot, title=f'Linear probe for {args.column}, per layer')}")
+        print(f"wrote {probe_curve(result, plot, title=f'Linear probe for {args.column}, per layer')}")
     return 0
+
+
+def read_lines(path) -> list[str]:
+    """The lines of a UTF-8 text file, split on "\\n" only (a "\\r\\n" ending counts as one): U+2028, form
+    feeds and other characters that str.splitlines() would break on stay inside their line, so line i of
+    the file is row i of the output. A final newline does not start another line."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:  # newline="": no translation of \r
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text: {e}") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a text file") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def cmd_embed(args) -> int:
@@ -125,24 +205,32 @@ def cmd_embed(args) -> int:
 
     from . import layers as L
 
-    try:
-        with open(args.texts, encoding="utf-8") as f:
-            texts = f.read().splitlines()
-    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {args.texts}: {e}") from None
+    texts = read_lines(args.texts)
     if not texts:
-        raise ValueError(f"{args.texts} has no lines")
-    model, tokenizer = _load(args.model)
+        raise InputError(f"{args.texts} has no lines")
+    blank = [i for i, t in enumerate(texts) if not t.strip()]
+    if blank and args.blank == "error":
+        more = f" (and {len(blank) - 1} more)" if len(blank) > 1 else ""
+        raise InputError(f"{args.texts}: line {blank[0] + 1} is blank{more}; row i of the output is line i, so a "
+                         "blank line would get the vector of an empty text ([CLS] [SEP]). Remove blank lines, or "
+                         "pass --blank zeros to give them a row of zeros")
+    out_path = _output_file(args.out, ".npy", "--out")
+    model, tokenizer = _load(args.model, max_length=args.max_length)
     chosen = L.parse_layers(args.layers, model.config.num_hidden_layers + 1)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # length-sorted: little padding
+    blank_set = set(blank)
+    todo = [i for i in range(len(texts)) if i not in blank_set]
+    order = sorted(todo, key=lambda i: len(texts[i]))  # length-sorted: little padding
     result = [None] * len(texts)
+    truncated = []
     from .probing import progress_bar
 
     bar = progress_bar(len(texts), "embed", not args.quiet)
+    bar.update(len(blank))
     with torch.inference_mode():
         for start in range(0, len(order), args.batch_size):
             ids = order[start:start + args.batch_size]
-            batch = tokenizer([texts[i] for i in ids], padding=True, truncation=True, return_tensors="pt")
+            batch = _tokenize(tokenizer, [texts[i] for i in ids], args.max_length, truncated,
+                              numbers=[i + 1 for i in ids])  # line numbers
             out = model(**batch, fast=True)
             pooled = L.pool(L.select_layers(out.hidden_states, chosen), batch["attention_mask"], args.pool)  # (k, B, H)
             vectors = torch.cat(tuple(pooled), -1) if args.combine == "concat" else pooled.mean(0)
@@ -150,10 +238,13 @@ def cmd_embed(args) -> int:
                 result[i] = v
             bar.update(len(ids))
     bar.close()
-    array = np.stack(result)
-    np.save(args.out, array)
-    print(f"wrote {args.out}: {array.shape[0]} texts x {array.shape[1]} dims (layers {chosen}, pool={args.pool}, "
-          f"combine={args.combine})")
+    width = model.config.hidden_size * (len(chosen) if args.combine == "concat" else 1)
+    array = np.stack([np.zeros(width, dtype=np.float32) if v is None else v for v in result])
+    _report_truncation(sorted(truncated), len(texts), args.max_length or tokenizer.model_max_length, what="line")
+    np.save(out_path, array)
+    zeros = f"; {len(blank)} blank line(s) are rows of zeros" if blank else ""
+    print(f"wrote {out_path}: {array.shape[0]} texts x {array.shape[1]} dims (layers {chosen}, pool={args.pool}, "
+          f"combine={args.combine}){zeros}")
     return 0
 
 
@@ -168,9 +259,9 @@ def cmd_inspect(args) -> int:
         try:
             lengths.append(int(part))
         except ValueError:
-            raise ValueError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+            raise InputError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
     if any(T < 1 for T in lengths) or args.batch < 1:
-        raise ValueError("--lengths and --batch must be positive")
+        raise InputError("--lengths and --batch must be positive")
     key = args.model.split("/")[-1]
     if not Path(args.model).expanduser().exists() and key in PRESETS:
         # official geometry: no download needed to count
@@ -182,7 +273,7 @@ def cmd_inspect(args) -> int:
     limit = (target if isinstance(target, BertConfig) else target.config).max_position_embeddings
     too_long = [T for T in lengths if T > limit]
     if too_long:
-        raise ValueError(f"--lengths {too_long} exceed max_position_embeddings={limit}")
+        raise InputError(f"--lengths {too_long} exceed max_position_embeddings={limit}")
     print(format_report(target, name, lengths=lengths, batch=args.batch))
     return 0
 
@@ -192,39 +283,63 @@ def cmd_parity(args) -> int:
 
     texts = None
     if args.texts:
-        with open(args.texts, encoding="utf-8") as f:
-            texts = [line.rstrip("\n") for line in f if line.strip()]
+        texts = [line for line in read_lines(args.texts) if line.strip()]
         if not texts:
-            raise ValueError(f"{args.texts} has no non-empty lines")
+            raise InputError(f"{args.texts} has no non-empty lines")
     if args.atol is not None and not args.atol >= 0:
-        raise ValueError(f"--atol must be >= 0, got {args.atol}")
+        raise InputError(f"--atol must be >= 0, got {args.atol}")
+    json_path = _output_file(args.json, ".json", "--json") if args.json else None
     report = run_parity(args.model, against=args.against, dtype=args.dtype, texts=texts, atol=args.atol)
     print(report.table())
-    if args.json:
-        report.write_json(args.json)
+    if json_path:
+        report.write_json(json_path)
+        print(f"wrote {json_path}")
     return 0 if report.ok else 1
 
 
 def cmd_fill(args) -> int:
     from .lens import fill_mask, logit_lens
 
-    model, tokenizer = _load(args.model)
     if args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+        raise InputError(f"--top-k must be >= 1, got {args.top_k}")
+    plot = _plot_file(args.plot)
+    model, tokenizer = _load(args.model, max_length=args.max_length)
+    if args.top_k > model.config.vocab_size:
+        raise InputError(f"--top-k {args.top_k} is larger than the vocabulary ({model.config.vocab_size} tokens)")
     if model.mlm_head is None:
         model.mlm_logits(None)  # raises the explanation
-    for text, masks in zip(args.texts, fill_mask(model, tokenizer, args.texts, top_k=args.top_k)):
+    predictions = fill_mask(model, tokenizer, args.texts, top_k=args.top_k, max_length=args.max_length)
+    for text, masks in zip(args.texts, predictions):
         print(text)
         for k, predictions in enumerate(masks):
             print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3g}" for tok, p in predictions))
         if args.lens or args.plot:  # a plot is of the lens
-            result = logit_lens(model, tokenizer, text)
+            result = logit_lens(model, tokenizer, text, max_length=args.max_length)
             print(result.table())
-            if args.plot:
-                from .plots import logit_lens as plot
+            if plot:
+                from .plots import logit_lens as lens_plot
 
-                print(f"wrote {plot(result, args.plot)}")
+                print(f"wrote {lens_plot(result, plot)}")
     return 0
+
+
+PLOT_FORMATS = ".png (150 dpi), .svg or .pdf; no suffix: .png"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _max_length_option(p) -> None:
+    p.add_argument("--max-length", type=_positive_int, default=None,
+                   help="truncate texts to this many tokens, [CLS] and [SEP] included (default: the model's "
+                        "limit, 512); how many texts were truncated is said on stderr")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,14 +353,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, default=-1, help="which hidden state: 0 = embeddings, -1 = last")
     p.add_argument("--pool", choices=["cls", "mean"], default="mean", help="how to pool tokens (default mean)")
     p.add_argument("--json", action="store_true", help="print JSON with the full vectors")
+    _max_length_option(p)
     p.set_defaults(func=cmd_encode)
 
     model_help = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
     p = sub.add_parser("layers", help="per-layer table (norms, similarity) and a CKA heatmap for one text")
     p.add_argument("text")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
-    p.add_argument("--plot", help="write the layer-similarity heatmap to this PNG")
+    p.add_argument("--plot", help="write the layer-similarity heatmap to this file (" + PLOT_FORMATS + ")")
     p.add_argument("--exclude-special", action="store_true", help="leave [CLS] and [SEP] out of the statistics")
+    _max_length_option(p)
     p.set_defaults(func=cmd_layers)
 
     p = sub.add_parser("probe", help="train a linear probe per layer on word labels from a CoNLL-U file")
@@ -255,20 +372,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", help="write the accuracy-per-layer curve to this PNG")
+    p.add_argument("--plot", help="write the accuracy-per-layer curve to this file (" + PLOT_FORMATS + ")")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("embed", help="embed a file of texts (one per line) into a .npy matrix")
-    p.add_argument("texts", help="a text file, one text per line (row i of the output = line i)")
+    p.add_argument("texts", help="a UTF-8 text file, one text per line, lines end at \\n only "
+                                 "(row i of the output = line i)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     p.add_argument("--layers", default="-1", help="layers: -1, -4:, 0,6,-1 or all (default -1)")
     p.add_argument("--pool", choices=["cls", "mean", "max"], default="mean")
     p.add_argument("--combine", choices=["concat", "mean"], default="concat",
                    help="how to join several layers (default concat: k x hidden dims)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--out", required=True, help="output .npy file")
+    p.add_argument("--out", required=True, help="output .npy file (.npy is added when missing; the directory "
+                                                "must exist)")
+    p.add_argument("--blank", choices=["error", "zeros"], default="error",
+                   help="a blank line is an error (default), or gets a row of zeros")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _max_length_option(p)
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("inspect", help="parameters per component, FLOPs per token, activation memory")
@@ -292,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--lens", action="store_true", help="also print the per-layer logit lens for the first mask")
-    p.add_argument("--plot", help="write the logit-lens plot to this PNG (implies --lens)")
+    p.add_argument("--plot", help="write the logit-lens plot to this file (" + PLOT_FORMATS + "; implies --lens)")
+    _max_length_option(p)
     p.set_defaults(func=cmd_fill)
     return parser
 
@@ -310,14 +433,39 @@ def _join_negative_values(argv):
     return out
 
 
+#: what a user can cause and fix: printed as one line. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (InputError, MissingExtra, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+               PermissionError)
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None):
+    """Warnings as one line on stderr, like errors (no source file and line of minibert's internals)."""
+    print(f"minibert: warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
     if getattr(args, "batch_size", 1) < 1:
         parser.error("--batch-size must be >= 1")
     try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError, OSError, ImportError) as e:
+        with warnings.catch_warnings():  # restores showwarning afterwards (main may be called in-process)
+            warnings.showwarning = _warning_line
+            code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`minibert encode ... | head`): stop quietly, as Unix tools do. Point stdout
+        # at /dev/null so the interpreter's final flush cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # killed by SIGPIPE, as a shell reports it
+    except KeyboardInterrupt:
+        return 130
+    except USER_ERRORS as e:
+        parser.exit(2, f"minibert: error: {e}\n")
+    except OSError as e:  # the disk is full, a device failed, ...: about the machine, not minibert
+        if e.filename is None:
+            raise
         parser.exit(2, f"minibert: error: {e}\n")
 
 

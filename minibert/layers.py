@@ -13,10 +13,13 @@ leaks into a pooled vector, a mix or a similarity. Definitions: shared notes ``a
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+from .errors import InputError
 
 
 # ------------------------------------------------------------------------------------------ selection
@@ -24,14 +27,16 @@ def stack(hidden_states) -> torch.Tensor:
     """(L + 1, B, T, H) from the tuple that the model returns (a stacked tensor passes through)."""
     if isinstance(hidden_states, torch.Tensor):
         if hidden_states.dim() != 4:
-            raise ValueError(f"hidden_states must be (layers, B, T, H), got shape {tuple(hidden_states.shape)}")
+            raise InputError(f"hidden_states must be (layers, B, T, H), got shape {tuple(hidden_states.shape)}")
         return hidden_states
     return torch.stack(tuple(hidden_states))
 
 
 def parse_layers(spec, num_layers: int) -> list[int]:
     """Layer indices, non-negative, from an int, a sequence of ints, a slice, or a string such as
-    ``"-4:"``, ``"0,6,-1"``, ``"2:5"`` or ``"all"``. ``num_layers`` counts hidden states (L + 1)."""
+    ``"-4:"``, ``"0,6,-1"``, ``"2:5"`` or ``"all"``. ``num_layers`` counts hidden states (L + 1).
+    A layer named twice (``"0,6,-1"`` with 7 hidden states names 6 twice) is an error."""
+    original = spec
     if isinstance(spec, str):
         text = spec.strip()
         if text == "all":
@@ -39,31 +44,37 @@ def parse_layers(spec, num_layers: int) -> list[int]:
         if ":" in text:
             parts = text.split(":")
             if len(parts) not in (2, 3):
-                raise ValueError(f"layers {spec!r}: a slice is start:stop[:step]")
+                raise InputError(f"layers {spec!r}: a slice is start:stop[:step]")
             try:
                 spec = slice(*[int(p) if p.strip() else None for p in parts])
             except ValueError:
-                raise ValueError(f"layers {spec!r} is not a slice of integers") from None
+                raise InputError(f"layers {spec!r} is not a slice of integers") from None
         else:
             try:
                 spec = [int(p) for p in text.split(",")]
             except ValueError:
-                raise ValueError(f"layers {spec!r}: use integers separated by commas, a slice, or 'all'") from None
+                raise InputError(f"layers {spec!r}: use integers separated by commas, a slice, or 'all'") from None
     if isinstance(spec, slice):
         indices = list(range(num_layers))[spec]
         if not indices:
-            raise ValueError(f"layers {spec} selects no layer out of {num_layers}")
+            raise InputError(f"layers {spec} selects no layer out of {num_layers}")
         return indices
     if isinstance(spec, int):
         spec = [spec]
-    out = []
+    out, given = [], {}
     for i in spec:
         if not -num_layers <= int(i) < num_layers:
-            raise ValueError(f"layer {i} is out of range: there are {num_layers} hidden states "
+            raise InputError(f"layer {i} is out of range: there are {num_layers} hidden states "
                              f"(0..{num_layers - 1}, or -{num_layers}..-1)")
-        out.append(int(i) % num_layers)
+        layer = int(i) % num_layers
+        if layer in given:
+            same = f"{given[layer]} and {i} are both" if given[layer] != i else f"{i} is"
+            raise InputError(f"layers {original!r} selects hidden state {layer} twice ({same} layer {layer} of "
+                             f"0..{num_layers - 1}); list each layer once")
+        given[layer] = i
+        out.append(layer)
     if not out:
-        raise ValueError("no layer selected")
+        raise InputError("no layer selected")
     return out
 
 
@@ -82,7 +93,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, metho
     if method == "cls":
         return hidden[..., 0, :]
     if method not in ("mean", "max"):
-        raise ValueError(f"pool method {method!r}; use 'cls', 'mean' or 'max'")
+        raise InputError(f"pool method {method!r}; use 'cls', 'mean' or 'max'")
     if attention_mask is None:
         attention_mask = torch.ones(hidden.shape[-3:-1], device=hidden.device)
     mask = attention_mask.to(hidden.device).bool()[..., None]  # (B, T, 1)
@@ -104,7 +115,7 @@ def weighted_sum(hidden_states, weights, layers=None) -> torch.Tensor:
     h = stack(hidden_states) if layers is None else select_layers(hidden_states, layers)
     weights = torch.as_tensor(weights, dtype=torch.float32, device=h.device)
     if weights.shape != (h.shape[0],):
-        raise ValueError(f"weights has shape {tuple(weights.shape)}, expected ({h.shape[0]},): one per layer")
+        raise InputError(f"weights has shape {tuple(weights.shape)}, expected ({h.shape[0]},): one per layer")
     s = weights.softmax(0).to(h.dtype)
     return torch.einsum("k,kbth->bth", s, h)
 
@@ -130,11 +141,11 @@ class ScalarMix(nn.Module):
                  trainable: bool = True):
         super().__init__()
         if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+            raise InputError(f"num_layers must be >= 1, got {num_layers}")
         init = torch.zeros(num_layers) if initial_scalar_parameters is None else torch.as_tensor(
             initial_scalar_parameters, dtype=torch.float32)
         if init.shape != (num_layers,):
-            raise ValueError(f"initial_scalar_parameters has {init.numel()} values, expected {num_layers}")
+            raise InputError(f"initial_scalar_parameters has {init.numel()} values, expected {num_layers}")
         self.num_layers = num_layers
         self.do_layer_norm = do_layer_norm
         self.scalar_parameters = nn.Parameter(init.clone(), requires_grad=trainable)
@@ -148,12 +159,12 @@ class ScalarMix(nn.Module):
     def forward(self, hidden_states, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = stack(hidden_states)  # (N, B, T, H)
         if h.shape[0] != self.num_layers:
-            raise ValueError(
+            raise InputError(
                 f"ScalarMix was built for {self.num_layers} layers but got {h.shape[0]}; pass "
                 "out.hidden_states[1:] to leave the embedding output out, or build ScalarMix(L + 1) for all")
         if self.do_layer_norm:
             if mask is None:
-                raise ValueError("ScalarMix(do_layer_norm=True) needs the mask: its statistics skip padding")
+                raise InputError("ScalarMix(do_layer_norm=True) needs the mask: its statistics skip padding")
             h = _masked_layer_norm(h, mask.to(h.device))
         s = self.weights.to(h.dtype)
         return self.gamma.to(h.dtype) * torch.einsum("k,kbth->bth", s, h)
@@ -176,7 +187,7 @@ def centre_of_gravity(weights, first_layer: int = 0) -> float:
         weights = weights.weights
     s = torch.as_tensor(weights, dtype=torch.float64).detach()
     if not math.isclose(float(s.sum()), 1.0, abs_tol=1e-4):
-        raise ValueError(f"weights must sum to 1 (softmax weights), they sum to {float(s.sum()):.4f}")
+        raise InputError(f"weights must sum to 1 (softmax weights), they sum to {float(s.sum()):.4f}")
     layers = torch.arange(first_layer, first_layer + s.numel(), dtype=torch.float64)
     return float((layers * s).sum())
 
@@ -186,11 +197,11 @@ def expected_layer(scores: Sequence[float]) -> float:
     Delta_l = F(l) - F(l - 1) and E[layer] = sum_{l>=1} l * Delta_l / sum_{l>=1} Delta_l."""
     f = [float(x) for x in scores]
     if len(f) < 2:
-        raise ValueError("expected_layer needs scores for at least layers 0 and 1")
+        raise InputError("expected_layer needs scores for at least layers 0 and 1")
     deltas = [f[i] - f[i - 1] for i in range(1, len(f))]
     total = sum(deltas)
     if total == 0:
-        raise ValueError("the scores do not change across layers: the expected layer is undefined")
+        raise InputError("the scores do not change across layers: the expected layer is undefined")
     return sum(l * d for l, d in zip(range(1, len(f)), deltas)) / total
 
 
@@ -200,7 +211,7 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
     ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) after centring each column. 1 = same up to rotation and
     isotropic scaling. Computed in float64."""
     if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"linear_cka needs (n, d) matrices with the same n, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise InputError(f"linear_cka needs (n, d) matrices with the same n, got {tuple(x.shape)} and {tuple(y.shape)}")
     x = x.double() - x.double().mean(0, keepdim=True)
     y = y.double() - y.double().mean(0, keepdim=True)
     if x.shape[0] < max(x.shape[1], y.shape[1]):  # the same value through n x n Gram matrices
@@ -211,7 +222,7 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
         num = (y.T @ x).norm() ** 2
         den = (x.T @ x).norm() * (y.T @ y).norm()
     if den == 0:
-        raise ValueError("linear_cka is undefined for a constant representation")
+        raise InputError("linear_cka is undefined for a constant representation")
     return float(num / den)
 
 
@@ -221,9 +232,13 @@ def token_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor | None = No
     keep = attention_mask.bool()
     if exclude_ids:
         if input_ids is None:
-            raise ValueError("exclude_ids needs input_ids")
+            raise InputError("exclude_ids needs input_ids")
         keep = keep & ~torch.isin(input_ids, torch.as_tensor(list(exclude_ids), device=input_ids.device))
     return keep
+
+
+CKA_MIN_TOKENS = 3  # fewer is an error: with 2 tokens linear CKA is identically 1
+CKA_FEW_TOKENS = 10  # fewer is a warning
 
 
 def cka_matrix(hidden_states, attention_mask: torch.Tensor, input_ids=None, exclude_ids=()) -> torch.Tensor:
@@ -231,8 +246,16 @@ def cka_matrix(hidden_states, attention_mask: torch.Tensor, input_ids=None, excl
     h = stack(hidden_states)
     keep = token_mask(attention_mask.to(h.device), input_ids, exclude_ids)
     tokens = h[:, keep]  # (L + 1, n, H)
-    if tokens.shape[1] < 2:
-        raise ValueError("cka_matrix needs at least 2 tokens after masking")
+    n_tokens = tokens.shape[1]
+    if n_tokens < CKA_MIN_TOKENS:
+        raise InputError(f"CKA needs at least {CKA_MIN_TOKENS} tokens, got {n_tokens} after masking"
+                         + (" and leaving out the special tokens" if exclude_ids else "")
+                         + ": over 2 tokens every pair of layers has CKA exactly 1 (centred, 2 points span "
+                         "one direction), which says nothing. Use a longer text or more texts")
+    if n_tokens < CKA_FEW_TOKENS:
+        warnings.warn(f"CKA over only {n_tokens} tokens is biased towards 1 (it needs many more tokens than "
+                      f"the {tokens.shape[-1]} dimensions to be reliable); use a longer text or more texts",
+                      stacklevel=2)
     n = h.shape[0]
     out = torch.eye(n, dtype=torch.float64)
     for i in range(n):

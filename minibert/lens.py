@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import InputError
+
 
 @dataclass
 class LensRow:
@@ -45,37 +47,66 @@ def _mask_positions(tokenizer, batch) -> list[tuple[int, int]]:
     return [tuple(p) for p in (batch["input_ids"] == mask_id).nonzero().tolist()]
 
 
-def fill_mask(model, tokenizer, texts, top_k: int = 5) -> list[list[list[tuple[str, float]]]]:
-    """For each text, for each [MASK] in it, the top_k (token, probability) predictions."""
+def _no_mask_error(tokenizer, text: str, max_length: int) -> InputError:
+    """Why a text has no [MASK] in its token ids: none was written, or truncation cut it off."""
+    tokens = tokenizer.tokenize(text)
+    if tokenizer.mask_token in tokens:
+        where = tokens.index(tokenizer.mask_token) + 2  # 1-based, after [CLS]
+        return InputError(f"the {tokenizer.mask_token} in {text[:60]!r}... is token {where} of {len(tokens) + 2}, "
+                          f"past the {max_length}-token limit, so truncation cut it off; shorten the text "
+                          f"or move the {tokenizer.mask_token} earlier")
+    return InputError(f"no {tokenizer.mask_token} token in {text!r}; write {tokenizer.mask_token} "
+                      "where a word should be predicted")
+
+
+def _max_length(model, tokenizer, max_length):
+    limit = min(model.config.max_position_embeddings, tokenizer.model_max_length)
+    if max_length is None:
+        return limit
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 3 <= max_length <= limit:
+        raise InputError(f"max_length={max_length!r} is out of range: it must be an int in [3, {limit}] "
+                         "([CLS], [MASK] and [SEP] need 3 tokens; the model has "
+                         f"{model.config.max_position_embeddings} positions)")
+    return max_length
+
+
+def fill_mask(model, tokenizer, texts, top_k: int = 5, max_length: int | None = None
+              ) -> list[list[list[tuple[str, float]]]]:
+    """For each text, for each [MASK] in it, the top_k (token, probability) predictions. Texts longer than
+    ``max_length`` tokens (default: the model's limit) are truncated; a [MASK] cut off that way is an error
+    that says so."""
     if isinstance(texts, str):
         texts = [texts]
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    batch = tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
+    vocab = model.config.vocab_size
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= vocab:
+        raise InputError(f"top_k={top_k!r} is out of range: it must be an int in [1, {vocab}] (the vocabulary "
+                         f"has {vocab} tokens)")
+    max_length = _max_length(model, tokenizer, max_length)
+    batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     positions = _mask_positions(tokenizer, batch)
     missing = [t for i, t in enumerate(texts) if not any(b == i for b, _ in positions)]
     if missing:
-        raise ValueError(f"no {tokenizer.mask_token} token in {missing[0]!r}; write {tokenizer.mask_token} "
-                         "where a word should be predicted")
+        raise _no_mask_error(tokenizer, missing[0], max_length)
     with torch.inference_mode():
         hidden = model(**batch, fast=True).last_hidden_state
         results: list[list] = [[] for _ in texts]
         for b, t in positions:
             probs = model.mlm_logits(hidden[b, t]).float().softmax(-1)
-            p, ids = probs.topk(min(top_k, probs.numel()))
+            p, ids = probs.topk(top_k)
             tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
             results[b].append([(tok, float(q)) for tok, q in zip(tokens, p)])
     return results
 
 
-def logit_lens(model, tokenizer, text: str, mask_index: int = 0) -> LensResult:
+def logit_lens(model, tokenizer, text: str, mask_index: int = 0, max_length: int | None = None) -> LensResult:
     """Apply the masked-LM head to every hidden state at the ``mask_index``-th [MASK] of ``text``."""
-    batch = tokenizer([text], truncation=True, return_tensors="pt")
+    max_length = _max_length(model, tokenizer, max_length)
+    batch = tokenizer([text], truncation=True, max_length=max_length, return_tensors="pt")
     positions = [t for _, t in _mask_positions(tokenizer, batch)]
     if not positions:
-        raise ValueError(f"no {tokenizer.mask_token} token in {text!r}")
+        raise _no_mask_error(tokenizer, text, max_length)
     if not 0 <= mask_index < len(positions):
-        raise ValueError(f"mask_index {mask_index} is out of range: the text has {len(positions)} masks")
+        raise InputError(f"mask_index {mask_index} is out of range: the text has {len(positions)} masks")
     t = positions[mask_index]
     with torch.inference_mode():
         out = model(**batch)

@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from .errors import InputError, MissingExtra
+
 #: the built-in inputs: plain sentences, sentence pairs, very short and long texts, accents, numbers,
 #: punctuation and non-Latin script, batched so that padding is exercised
 DEFAULT_TEXTS = [
@@ -129,7 +131,7 @@ def load_transformers(source: str, dtype: torch.dtype):
     try:
         import transformers
     except ImportError:
-        raise ImportError("comparing against transformers needs it installed: pip install 'minibert[parity]' "
+        raise MissingExtra("comparing against transformers needs it installed: pip install 'minibert[parity]' "
                           "(or pip install transformers); --against compares two checkpoints without it") from None
     from .loading import resolve_source
 
@@ -162,7 +164,7 @@ def make_batches(tokenizer, texts=None, pairs=None, batch_size: int = 8, max_len
         batches.append(dict(tokenizer([a for a, _ in chunk], [b for _, b in chunk], padding=True,
                                       truncation=True, max_length=max_length, return_tensors="pt")))
     if not batches:
-        raise ValueError("no inputs: give at least one text")
+        raise InputError("no inputs: give at least one text")
     return batches
 
 
@@ -188,7 +190,7 @@ def compare(run_a: Runner, run_b: Runner, batches: list[dict], *, atol: float, n
             ha, aa, pa = run_a(batch)
             hb, ab, pb = run_b(batch)
             if len(ha) != len(hb):
-                raise ValueError(f"{name_a} has {len(ha) - 1} blocks but {name_b} has {len(hb) - 1}; "
+                raise InputError(f"{name_a} has {len(ha) - 1} blocks but {name_b} has {len(hb) - 1}; "
                                  "per-layer parity needs the same depth")
             pair = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, T, T) real query and key
             for i, (x, y) in enumerate(zip(ha, hb)):
@@ -221,7 +223,7 @@ def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", t
     from .tokenizer import BertTokenizer
 
     if dtype not in DEFAULT_ATOL:
-        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(DEFAULT_ATOL)}")
+        raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(DEFAULT_ATOL)}")
     torch_dtype = _parse_dtype(dtype)
     atol = DEFAULT_ATOL[dtype] if atol is None else float(atol)
     tokenizer = BertTokenizer.from_pretrained(tokenizer_source or model)

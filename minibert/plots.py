@@ -1,48 +1,96 @@
-"""PNG plots for layer analysis (needs matplotlib: ``pip install 'minibert[plots]'``)."""
+"""Plots for layer analysis (needs matplotlib: ``pip install 'minibert[plots]'``).
+
+Each function writes one figure to ``path``: PNG at 150 dpi, or SVG / PDF when the file name ends so.
+``output_path`` checks a path before any work is done; no function creates directories."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+from .errors import InputError, MissingExtra
 
 
 def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("plots need matplotlib: pip install 'minibert[plots]'") from None
+        raise MissingExtra("plots need matplotlib: pip install 'minibert[plots]'") from None
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     return plt
 
 
+#: file types a plot can be written as, chosen by the file name's suffix (no suffix: .png)
+FORMATS = (".png", ".svg", ".pdf")
+DPI = 150  # raster plots (PNG); SVG and PDF are vector graphics, for print
+
+
+def output_path(path) -> Path:
+    """Where a plot will really be written: ``path`` with ``.png`` added when it has no suffix. An
+    unsupported suffix, a missing directory or a directory in place of the file is an InputError, raised
+    before any work (call it first) and again when saving; directories are never created."""
+    path = Path(path).expanduser()
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    if path.suffix.lower() not in FORMATS:
+        raise InputError(f"plot file {str(path)!r}: {path.suffix!r} is not a supported format; use one of "
+                         f"{', '.join(FORMATS)}")
+    if path.is_dir():
+        raise InputError(f"plot file {str(path)!r} is a directory")
+    if not path.parent.is_dir():
+        raise InputError(f"plot file {str(path)!r}: the directory {str(path.parent)!r} does not exist "
+                         "(create it first)")
+    return path
+
+
 def _save(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    path = output_path(path)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", format=path.suffix.lower()[1:])
     _pyplot().close(fig)
     return path
 
 
-def similarity_heatmap(matrix, path, title="Layer similarity (linear CKA)", label="CKA") -> Path:
-    """(L + 1) x (L + 1) similarity matrix; layer 0 is the embedding output."""
+def _wrap(title: str, width: int = 48, max_lines: int = 3) -> str:
+    """A title in at most ``max_lines`` lines of ``width`` characters, shortened with ... if longer."""
+    import textwrap
+
+    lines = []
+    for part in str(title).split("\n"):
+        lines += textwrap.wrap(part, width) or [""]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: width - 3].rstrip() + "..."
+    return "\n".join(lines)
+
+
+def similarity_heatmap(matrix, path, title="Layer similarity (linear CKA)", label="linear CKA") -> Path:
+    """(L + 1) x (L + 1) similarity matrix; layer 0 is the embedding output. The colour scale spans the
+    values in the matrix (its label says so), so differences between 0.77 and 1.0 are visible."""
     plt = _pyplot()
     m = [[float(v) for v in row] for row in matrix]
     n = len(m)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * n, 1.0 + 0.45 * n))
-    im = ax.imshow(m, vmin=min(0.0, min(map(min, m))), vmax=1.0, cmap="viridis", origin="lower")
+    lo, hi = min(map(min, m)), max(map(max, m))
+    if hi - lo < 1e-6:  # a constant matrix: a small band around it
+        lo, hi = lo - 0.005, hi + 0.005
+    side = min(10.0, 2.5 + 0.45 * n)
+    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    im = ax.imshow(m, vmin=lo, vmax=hi, cmap="viridis", origin="lower")
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
     ax.set_xlabel("layer (0 = embeddings)")
     ax.set_ylabel("layer (0 = embeddings)")
-    ax.set_title(title)
+    ax.set_title(_wrap(title), fontsize=10)
     if n <= 16:
+        size = 8 if n <= 10 else 6
         for i in range(n):
             for j in range(n):
-                ax.text(j, i, f"{m[i][j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if m[i][j] < 0.6 else "black")
-    fig.colorbar(im, ax=ax, label=label)
+                dark = (m[i][j] - lo) / (hi - lo) < 0.55  # viridis is dark at the low end
+                ax.text(j, i, f"{m[i][j]:.2f}", ha="center", va="center", fontsize=size,
+                        color="white" if dark else "black")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04,
+                 label=f"{label} (colour scale fitted to the data: {lo:.2f} to {hi:.2f})")
     return _save(fig, path)
 
 
@@ -65,22 +113,26 @@ def probe_curve(result, path, title="Linear probe accuracy per layer") -> Path:
 
 
 def attention_map(probs, tokens, path, layer: int, head: int, title=None) -> Path:
-    """One head's attention for one sentence: probs (T, T) over the sentence's real tokens only."""
+    """One head's attention for one sentence: probs (T, T) over the sentence's real tokens only. The
+    figure stays at most 7 inches square whatever T is (labels shrink instead), and the colour bar is
+    as tall as the map."""
     plt = _pyplot()
     probs = [[float(v) for v in row] for row in probs]
     n = len(tokens)
     if len(probs) != n or any(len(r) != n for r in probs):
-        raise ValueError(f"attention map is {len(probs)}x{len(probs[0]) if probs else 0}, tokens are {n}")
-    fig, ax = plt.subplots(figsize=(1.5 + 0.35 * n, 1.2 + 0.35 * n))
+        raise InputError(f"attention map is {len(probs)}x{len(probs[0]) if probs else 0}, tokens are {n}")
+    side = min(7.0, 2.0 + 0.25 * n)  # inches: 1200 px at 150 dpi at most
+    fig, ax = plt.subplots(figsize=(side + 1.0, side))
     im = ax.imshow(probs, vmin=0, vmax=1, cmap="Blues")
+    labels = min(8, max(4, int(0.8 * 72 * (side - 1.5) / n)))  # points: a label fits its cell
     ax.set_xticks(range(n))
-    ax.set_xticklabels(tokens, rotation=90)
+    ax.set_xticklabels(tokens, rotation=90, fontsize=labels)
     ax.set_yticks(range(n))
-    ax.set_yticklabels(tokens)
+    ax.set_yticklabels(tokens, fontsize=labels)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query")
-    ax.set_title(title or f"Attention, layer {layer}, head {head}")
-    fig.colorbar(im, ax=ax, label="probability")
+    ax.set_title(_wrap(title or f"Attention, layer {layer}, head {head}"), fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="probability")
     return _save(fig, path)
 
 
@@ -105,21 +157,32 @@ def mix_weights(weights, norms, path, first_layer: int = 0, gamma=None, title="S
 
 
 def logit_lens(result, path, title=None) -> Path:
-    """Per layer: probability of the final prediction (line) and its rank (log scale, right axis)."""
+    """Per layer: probability of the final prediction (line) and its rank (log scale, right axis, rank 1
+    at the top). One legend lists all three lines."""
     plt = _pyplot()
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
     layers = [r.layer for r in result.rows]
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    ax.plot(layers, [r.target_prob for r in result.rows], marker="o", label=f"p({result.target})")
-    ax.plot(layers, [r.top_prob for r in result.rows], marker=".", linestyle=":", label="p(layer's top token)")
+    lines = ax.plot(layers, [r.target_prob for r in result.rows], marker="o", label=f"p({result.target})")
+    lines += ax.plot(layers, [r.top_prob for r in result.rows], marker=".", linestyle=":",
+                     label="p(layer's top token)")
     ax.set_xlabel("layer (0 = embeddings)")
     ax.set_ylabel("probability")
     ax.set_ylim(0, 1)
     ax.set_xticks(layers)
     rank_ax = ax.twinx()
-    rank_ax.plot(layers, [r.target_rank for r in result.rows], color="tab:red", alpha=0.6, label="rank")
+    ranks = [r.target_rank for r in result.rows]
+    lines += rank_ax.plot(layers, ranks, color="tab:red", alpha=0.6, marker="s", markersize=3,
+                          label=f"rank of {result.target!r} (right axis)")
     rank_ax.set_yscale("log")
-    rank_ax.set_ylim(max(2 * max(r.target_rank for r in result.rows), 10), 0.8)  # rank 1 at the top
-    rank_ax.set_ylabel(f"rank of {result.target!r} (1 = top)")
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_title(title or f"Logit lens: when does {result.target!r} win?")
+    top = 10 ** max(1, math.ceil(math.log10(max(ranks) + 1)))
+    rank_ax.set_ylim(top, 0.8)  # inverted: rank 1 at the top
+    rank_ax.yaxis.set_major_locator(FixedLocator([10 ** k for k in range(int(math.log10(top)) + 1)]))
+    rank_ax.yaxis.set_minor_locator(NullLocator())
+    rank_ax.yaxis.set_minor_formatter(NullFormatter())
+    rank_ax.set_yticklabels([f"{10 ** k:,}" for k in range(int(math.log10(top)) + 1)])
+    rank_ax.set_ylabel("rank (1 = top)")
+    ax.legend(lines, [line.get_label() for line in lines], loc="center left", fontsize=8)
+    ax.set_title(_wrap(title or f"Logit lens: when does {result.target!r} win?", 60), fontsize=10)
     return _save(fig, path)

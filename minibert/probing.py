@@ -15,40 +15,86 @@ Sub-words are pooled into words with the tokenizer's character offsets (first pi
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from .errors import InputError, MissingExtra
+
 
 # ------------------------------------------------------------------------------------------- reading
-def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str]]]:
+_CONLLU_ID = re.compile(r"[1-9][0-9]*(-[1-9][0-9]*|\.[1-9][0-9]*)?")  # 3, 3-4 (multi-word) or 3.1 (empty node)
+
+
+def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str | None]]]:
     """(words, labels) per sentence of a CoNLL-U file, labels from ``column`` (upos, xpos, deprel, ...).
-    Multi-word tokens (ranges like 1-2) and empty nodes (1.1) are skipped; the syntactic words are kept."""
+    Multi-word tokens (ranges like 1-2) and empty nodes (1.1) are skipped; the syntactic words are kept.
+    ``_`` (CoNLL-U's "no value") is no label: that word's label is None, it stays in the sentence for
+    context but is neither trained nor tested on. A malformed file is an InputError naming the file and
+    the line."""
     try:
         import conllu
     except ImportError:
-        raise ImportError("reading CoNLL-U needs the conllu package: pip install 'minibert[conllu]'") from None
+        raise MissingExtra("reading CoNLL-U needs the conllu package: pip install 'minibert[conllu]'") from None
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text ({e}); CoNLL-U files are UTF-8") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a CoNLL-U file") from None
+
+    blocks, current = [], []  # (first line number, lines) per sentence
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            if current:
+                blocks.append(current)
+                current = []
+            continue
+        if not line.startswith("#"):
+            fields = line.split("\t")
+            if len(fields) != 10:
+                hint = " (columns must be separated by tabs, not spaces)" if len(fields) == 1 else ""
+                raise InputError(f"{path}:{number}: a CoNLL-U word line has 10 tab-separated columns, this "
+                                 f"one has {len(fields)}{hint}: {line[:60]!r}")
+            if not _CONLLU_ID.fullmatch(fields[0]):
+                raise InputError(f"{path}:{number}: {fields[0]!r} is not a CoNLL-U word ID (1, 2, ..., a range "
+                                 "like 3-4 or an empty node like 3.1)")
+        current.append((number, line))
+    if current:
+        blocks.append(current)
+
     sentences = []
-    with open(path, encoding="utf-8") as f:
-        for number, sentence in enumerate(conllu.parse_incr(f), start=1):
+    for block in blocks:
+        first = block[0][0]
+        try:
+            parsed = conllu.parse("\n".join(line for _, line in block) + "\n\n")
+        except Exception as e:  # conllu.exceptions.ParseException and the like: say where
+            raise InputError(f"{path}:{first}: the sentence starting here is not valid CoNLL-U: {e}") from None
+        for sentence in parsed:
             words, labels = [], []
             for token in sentence:
                 if not isinstance(token["id"], int):
                     continue
                 if column not in token:
-                    raise ValueError(f"{path}: sentence {number} has no column {column!r}; columns are "
+                    raise InputError(f"{path}:{first}: there is no column {column!r}; columns are "
                                      f"{list(token.keys())}")
+                value = token[column]
                 words.append(token["form"])
-                labels.append(str(token[column]))
+                labels.append(None if value is None or value == "_" else str(value))
             if words:
                 sentences.append((words, labels))
     if not sentences:
-        raise ValueError(f"{path} holds no sentences")
+        raise InputError(f"{path} holds no sentences")
+    if not any(label is not None for _, labels in sentences for label in labels):
+        raise InputError(f"{path}: every word's {column!r} is '_' (no value): there is nothing to probe; "
+                         "pick a column that this file fills in")
     return sentences
 
 
@@ -68,7 +114,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
     (sentence index, word index) per row. Words that yield no sub-word (e.g. only control characters),
     or that fall past the 512-token limit, are left out and not listed."""
     if pool not in ("first", "mean"):
-        raise ValueError(f"pool {pool!r}; use 'first' or 'mean'")
+        raise InputError(f"pool {pool!r}; use 'first' or 'mean'")
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # length-sorted batches
     chunks, index = [], []
     bar = progress_bar(len(sentences), "features", progress)
@@ -91,7 +137,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
             bar.update(len(ids))
     bar.close()
     if not chunks:
-        raise ValueError("no word produced a sub-word token")
+        raise InputError("no word produced a sub-word token")
     features = torch.stack(chunks, dim=1)  # (L + 1, n_words, H)
     order_back = sorted(range(len(index)), key=lambda k: index[k])  # back to corpus order
     return features[:, order_back], [index[k] for k in order_back]
@@ -191,12 +237,12 @@ def probe_layers(features: torch.Tensor, words: list[str], labels: list[str], se
     ``sentence_ids`` one per row. The split is by sentence, so no held-out sentence was seen in training."""
     n = features.shape[1]
     if not (len(words) == len(labels) == len(sentence_ids) == n):
-        raise ValueError("features, words, labels and sentence_ids must describe the same words")
+        raise InputError("features, words, labels and sentence_ids must describe the same words")
     if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        raise InputError(f"test_fraction must be in (0, 1), got {test_fraction}")
     sentences = sorted(set(sentence_ids))
     if len(sentences) < 2:
-        raise ValueError("probing needs at least 2 sentences (one to train on, one to test on)")
+        raise InputError("probing needs at least 2 sentences (one to train on, one to test on)")
     rng = random.Random(seed)
     rng.shuffle(sentences)
     n_test_sent = max(1, round(len(sentences) * test_fraction))
@@ -205,6 +251,9 @@ def probe_layers(features: torch.Tensor, words: list[str], labels: list[str], se
     train = ~test
 
     label_names = sorted(set(labels))
+    if len(label_names) < 2:
+        raise InputError(f"probing needs at least 2 different labels, got {len(label_names)}: {label_names}; "
+                         "with one class every probe is trivially 100 % accurate")
     y = torch.tensor([label_names.index(l) for l in labels])
     # control task: one random label per word type, drawn from the label distribution, fixed by the seed
     counts = Counter(labels)
@@ -231,9 +280,17 @@ def probe_layers(features: torch.Tensor, words: list[str], labels: list[str], se
 
 def probe_model(model, tokenizer, data: list[tuple[list[str], list[str]]], *, pool: str = "first",
                 batch_size: int = 16, seed: int = 0, test_fraction: float = 0.2, progress: bool = True) -> ProbeResult:
-    """The whole pipeline on (words, labels) sentences: features for every layer, then probes."""
+    """The whole pipeline on (words, labels) sentences: features for every layer, then probes. A label
+    of None (``_`` in CoNLL-U) marks a word that is read for context but not probed."""
+    classes = sorted({label for _, labels in data for label in labels if label is not None})
+    if len(classes) < 2:
+        raise InputError(f"probing needs at least 2 different labels, the data has {len(classes)}: {classes}; "
+                         "with one class every probe is trivially 100 % accurate")
     features, index = extract_word_features(model, tokenizer, [w for w, _ in data], pool=pool,
                                             batch_size=batch_size, progress=progress)
+    labelled = [k for k, (s, w) in enumerate(index) if data[s][1][w] is not None]  # "_" is no label
+    if len(labelled) < len(index):
+        features, index = features[:, labelled], [index[k] for k in labelled]
     words = [data[s][0][w].lower() for s, w in index]
     labels = [data[s][1][w] for s, w in index]
     return probe_layers(features, words, labels, [s for s, _ in index], seed=seed, test_fraction=test_fraction)
