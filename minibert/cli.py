@@ -39,8 +39,9 @@ def _load(model_source: str, dtype=None, max_length=None):
 
     model, tokenizer = BertModel.from_pretrained(model_source, dtype=dtype), BertTokenizer.from_pretrained(model_source)
     limit = min(model.config.max_position_embeddings, tokenizer.model_max_length)
-    if max_length is not None and max_length > limit:
-        raise InputError(f"--max-length {max_length} is over the model's limit of {limit} tokens")
+    if max_length is not None and not 2 <= max_length <= limit:
+        raise InputError(f"--max-length {max_length} is out of range: it must be in [2, {limit}] ([CLS] and [SEP] "
+                         f"take 2 tokens; the model's limit is {limit})")
     return model, tokenizer
 
 
@@ -199,6 +200,14 @@ def read_lines(path) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def _blank_line_error(path, lines, what="is blank") -> InputError:
+    lines = sorted(lines)
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return InputError(f"{path}: line {lines[0] + 1} {what}{more}; row i of the output is line i, so it would get the "
+                      "vector of an empty text ([CLS] [SEP]). Remove such lines, or pass --blank zeros to give "
+                      "them a row of zeros")
+
+
 def cmd_embed(args) -> int:
     import numpy as np
     import torch
@@ -210,10 +219,7 @@ def cmd_embed(args) -> int:
         raise InputError(f"{args.texts} has no lines")
     blank = [i for i, t in enumerate(texts) if not t.strip()]
     if blank and args.blank == "error":
-        more = f" (and {len(blank) - 1} more)" if len(blank) > 1 else ""
-        raise InputError(f"{args.texts}: line {blank[0] + 1} is blank{more}; row i of the output is line i, so a "
-                         "blank line would get the vector of an empty text ([CLS] [SEP]). Remove blank lines, or "
-                         "pass --blank zeros to give them a row of zeros")
+        raise _blank_line_error(args.texts, blank)
     out_path = _output_file(args.out, ".npy", "--out")
     model, tokenizer = _load(args.model, max_length=args.max_length)
     chosen = L.parse_layers(args.layers, model.config.num_hidden_layers + 1)
@@ -231,11 +237,15 @@ def cmd_embed(args) -> int:
             ids = order[start:start + args.batch_size]
             batch = _tokenize(tokenizer, [texts[i] for i in ids], args.max_length, truncated,
                               numbers=[i + 1 for i in ids])  # line numbers
+            empty = [i for i, n in zip(ids, batch["attention_mask"].sum(1).tolist()) if n <= 2]  # [CLS] [SEP] only
+            if empty and args.blank == "error":  # e.g. a line of control characters, which the tokenizer drops
+                raise _blank_line_error(args.texts, empty, "has no token")
+            blank += empty
             out = model(**batch, fast=True)
             pooled = L.pool(L.select_layers(out.hidden_states, chosen), batch["attention_mask"], args.pool)  # (k, B, H)
             vectors = torch.cat(tuple(pooled), -1) if args.combine == "concat" else pooled.mean(0)
             for i, v in zip(ids, vectors.float().numpy()):
-                result[i] = v
+                result[i] = None if i in empty else v
             bar.update(len(ids))
     bar.close()
     width = model.config.hidden_size * (len(chosen) if args.combine == "concat" else 1)
@@ -311,8 +321,8 @@ def cmd_fill(args) -> int:
     predictions = fill_mask(model, tokenizer, args.texts, top_k=args.top_k, max_length=args.max_length)
     for text, masks in zip(args.texts, predictions):
         print(text)
-        for k, predictions in enumerate(masks):
-            print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3g}" for tok, p in predictions))
+        for k, top in enumerate(masks):
+            print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3g}" for tok, p in top))
         if args.lens or args.plot:  # a plot is of the lens
             result = logit_lens(model, tokenizer, text, max_length=args.max_length)
             print(result.table())

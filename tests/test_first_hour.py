@@ -178,7 +178,7 @@ def test_truncation_is_said_and_max_length_sets_it(minilm_dir, tmp_path):
     r = run_cli("encode", "one two three four five six", "short", "--model", str(minilm_dir), "--max-length", "5")
     assert "1 of 2 texts had more than 5 tokens" in r.stderr and "texts 1)" in r.stderr
     r = run_cli("encode", "x", "--model", str(minilm_dir), "--max-length", "513")
-    assert r.returncode == 2 and "--max-length 513 is over the model's limit of 512" in r.stderr
+    assert r.returncode == 2 and "--max-length 513 is out of range: it must be in [2, 512]" in r.stderr
     r = run_cli("layers", long_text, "--model", str(minilm_dir))
     assert r.returncode == 0 and "1 of 1 texts had more than 512 tokens" in r.stderr
     lines = tmp_path / "texts.txt"
@@ -237,7 +237,7 @@ def test_embed_rows_are_lines_split_on_newline_only(minilm_dir, tmp_path):
 
 def test_embed_blank_lines_are_an_error_or_rows_of_zeros(minilm_dir, tmp_path):
     path = tmp_path / "texts.txt"
-    path.write_text("one\n\nthree\n   \nfive\n", encoding="utf-8")
+    path.write_text("one\n\nthree\n   \nfive\n\x01\x02\n", encoding="utf-8")  # line 6: no token at all
     r = run_cli("embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir))
     assert r.returncode == 2 and "line 2 is blank (and 1 more)" in r.stderr and "--blank zeros" in r.stderr
     assert not (tmp_path / "v.npy").exists()
@@ -245,7 +245,10 @@ def test_embed_blank_lines_are_an_error_or_rows_of_zeros(minilm_dir, tmp_path):
                 "zeros", "--quiet")
     assert r.returncode == 0, r.stderr
     v = np.load(tmp_path / "v.npy")
-    assert v.shape == (5, 384) and not v[1].any() and not v[3].any() and v[[0, 2, 4]].any(axis=1).all()
+    assert v.shape == (6, 384) and not v[[1, 3, 5]].any() and v[[0, 2, 4]].any(axis=1).all()
+    path.write_text("one\n\x01\x02\nthree\n", encoding="utf-8")
+    r = run_cli("embed", str(path), "--out", str(tmp_path / "w.npy"), "--model", str(minilm_dir), "--quiet")
+    assert r.returncode == 2 and "line 2 has no token" in r.stderr
 
 
 def test_outputs_are_checked_before_any_work(tmp_path, capsys):
