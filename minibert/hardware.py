@@ -27,7 +27,7 @@ _warned: set = set()
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> tuple[str, frozenset]:
     """(model name, feature flags) of this CPU from /proc/cpuinfo; ("", empty) where that is not there."""
-    name, flags = platform.processor() or "", set()
+    name, flags = "", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -39,7 +39,7 @@ def cpu_info() -> tuple[str, frozenset]:
                     flags = set(value.split())
     except OSError:
         pass
-    return name, frozenset(flags)
+    return name or platform.processor() or platform.machine(), frozenset(flags)
 
 
 def native_half(dtype: torch.dtype) -> bool | None:

@@ -182,7 +182,7 @@ def read_checkpoint(weight_files: list[Path]) -> dict[str, torch.Tensor]:
                     if name in tensors:
                         raise CheckpointError(f"tensor {name!r} appears in more than one shard")
                     tensors[name] = f.get_tensor(name)
-        except CheckpointError:
+        except (CheckpointError, MemoryError):
             raise
         except Exception as e:  # safetensors' own SafetensorError (header too small, not fully covered, ...)
             size = file.stat().st_size if file.exists() else 0

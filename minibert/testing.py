@@ -98,10 +98,15 @@ def fp32_noise_floor(model, batch) -> float:
     valid = (torch.ones(ids.shape, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool())
     valid = valid.reshape(-1, valid.shape[-1])
     exact = copy.deepcopy(model).double().eval()
-    with torch.inference_mode():
-        fused = model(**batch)
-        explicit = model(**batch, output_attentions=True)
-        truth = exact(**batch, output_attentions=True)
+    was_training = model.training
+    model.eval()  # dropout off: the floor is about rounding
+    try:
+        with torch.inference_mode():
+            fused = model(**batch)
+            explicit = model(**batch, output_attentions=True)
+            truth = exact(**batch, output_attentions=True)
+    finally:
+        model.train(was_training)
     cls_valid = valid[:, 0]
     floor = max(_largest_difference(fused, explicit, valid, cls_valid),
                 _largest_difference(fused, truth, valid, cls_valid),
