@@ -9,7 +9,7 @@ round runs every implementation once, in a rotating order, and a ratio is the me
 
 Measured:
 - forward time over a grid of (batch x length), dense and padded mixes, fp32 and bf16;
-- useful FLOP/s (real tokens only, ``minibert.accounting``) against the measured peak of one large
+- useful FLOP/s (real tokens only, ``minibert.tools.accounting``) against the measured peak of one large
   matrix product on this machine;
 - checkpoint load time and peak memory growth (fresh processes), import time (fresh processes).
 
@@ -40,9 +40,9 @@ warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import minibert.fast  # noqa: E402
+from minibert.tools import fast  # noqa: E402
 from minibert import BertModel  # noqa: E402
-from minibert.accounting import flops_per_token  # noqa: E402
+from minibert.tools.accounting import flops_per_token  # noqa: E402
 
 BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
             intermediate_size=3072)
@@ -94,15 +94,15 @@ def torch_encoder_from(model: BertModel) -> torch.nn.Module:
     encoder = torch.nn.TransformerEncoder(layer, c.num_hidden_layers, enable_nested_tensor=True)
     with torch.no_grad():
         for mine, theirs in zip(model.encoder.blocks, encoder.layers):
-            a = mine.attention
+            a = mine.attn
             theirs.self_attn.in_proj_weight.copy_(torch.cat([a.query.weight, a.key.weight, a.value.weight]))
             theirs.self_attn.in_proj_bias.copy_(torch.cat([a.query.bias, a.key.bias, a.value.bias]))
             theirs.self_attn.out_proj.weight.copy_(a.output.weight)
             theirs.self_attn.out_proj.bias.copy_(a.output.bias)
-            theirs.linear1.load_state_dict(mine.feed_forward.dense_in.state_dict())
-            theirs.linear2.load_state_dict(mine.feed_forward.dense_out.state_dict())
-            theirs.norm1.load_state_dict(mine.attention_norm.state_dict())
-            theirs.norm2.load_state_dict(mine.output_norm.state_dict())
+            theirs.linear1.load_state_dict(mine.ffn.dense_in.state_dict())
+            theirs.linear2.load_state_dict(mine.ffn.dense_out.state_dict())
+            theirs.norm1.load_state_dict(mine.attn_norm.state_dict())
+            theirs.norm2.load_state_dict(mine.ffn_norm.state_dict())
     return encoder.eval()
 
 
@@ -111,21 +111,15 @@ def implementations(directory: Path, dtype: torch.dtype, with_torch: bool = True
 
     ours = BertModel.from_pretrained(directory, dtype=dtype).eval()
     reference = transformers.BertModel.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa").eval()
+    fast_ours = fast.prepare(ours)
     impls = {
         "transformers": lambda b: reference(**b).last_hidden_state,
-        "minibert": lambda b: ours(**b, fast=True).last_hidden_state,
+        "minibert": lambda b: fast_ours(**b).last_hidden_state,
         "minibert readable": lambda b: ours(**b).last_hidden_state,
     }
     if dtype == torch.float32:
-        packed = BertModel.from_pretrained(directory, dtype=dtype).eval()
-
-        def prepacked(b):
-            minibert.fast.PREPACK_FP32 = True
-            try:
-                return packed(**b, fast=True).last_hidden_state
-            finally:
-                minibert.fast.PREPACK_FP32 = False
-        impls["minibert prepacked fp32"] = prepacked
+        packed = fast.prepare(BertModel.from_pretrained(directory, dtype=dtype).eval(), prepack_fp32=True)
+        impls["minibert prepacked fp32"] = lambda b: packed(**b).last_hidden_state
     if with_torch:
         encoder = torch_encoder_from(ours).to(dtype)
 
@@ -174,7 +168,7 @@ def gemm_peak(dtype: torch.dtype, reps: int = 10) -> dict:
     flops = 2 * 1024 * 768 * 3072
     out = {}
     candidates = {"F.linear": lambda: torch.nn.functional.linear(x, w)}
-    if minibert.fast._MKLDNN:
+    if fast._MKLDNN:
         packed = torch.ops.mkldnn._reorder_linear_weight(w)
         candidates["oneDNN prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     for name, f in candidates.items():
@@ -271,7 +265,7 @@ def compile_check(directory: Path, geometry: dict, rounds: int) -> list[dict]:
                 compiled(**batch)
             compile_seconds = time.perf_counter() - t0
             impls = {"transformers": lambda b: reference(**b).last_hidden_state,
-                     "minibert fast": lambda b: ours(**b, fast=True).last_hidden_state,
+                     "minibert fast": lambda b: fast.prepare(ours)(**b).last_hidden_state,
                      "minibert compiled": lambda b: compiled(**b).last_hidden_state}
             times, agreement = time_round_robin(impls, batch, rounds)
             rows.append({"dtype": dname, "batch": B, "length": T, "real_fraction": fraction,

@@ -84,7 +84,7 @@ def _plot_file(path):
     """--plot's real path (``.png`` added when there is no suffix), checked before any work."""
     if path is None:
         return None
-    from .plots import output_path
+    from .analysis.plots import output_path
 
     return output_path(path)
 
@@ -92,7 +92,8 @@ def _plot_file(path):
 def cmd_encode(args) -> int:
     import torch
 
-    from . import layers as L
+    from .analysis import layers as L
+    from .tools import fast
 
     model, tokenizer = _load(args.model, max_length=args.max_length)
     layers = model.config.num_hidden_layers + 1
@@ -102,7 +103,7 @@ def cmd_encode(args) -> int:
     batch = _tokenize(tokenizer, args.texts, args.max_length, truncated)
     _report_truncation(truncated, len(args.texts), args.max_length or tokenizer.model_max_length)
     with torch.inference_mode():
-        out = model(**batch, fast=True)
+        out = fast.prepare(model)(**batch)
     vectors = L.pool(out.hidden_states[args.layer], batch["attention_mask"], args.pool)  # (B, H)
     rows = []
     for text, ids, vector in zip(args.texts, batch["input_ids"], vectors):
@@ -133,7 +134,7 @@ def cmd_encode(args) -> int:
 def cmd_layers(args) -> int:
     import torch
 
-    from . import layers as L
+    from .analysis import layers as L
 
     plot = _plot_file(args.plot)
     model, tokenizer = _load(args.model, max_length=args.max_length)
@@ -157,7 +158,7 @@ def cmd_layers(args) -> int:
               f"{'-' if prev != prev else f'{float(prev):.3f}':>8}  {float(stats['cos_last'][i]):>8.3f}  "
               f"{float(cka[i, -1]):>8.3f}")
     if args.plot:
-        from .plots import similarity_heatmap
+        from .analysis.plots import similarity_heatmap
 
         text = args.text if len(args.text) <= 60 else args.text[:57].rstrip() + "..."
         path = similarity_heatmap(cka, plot, title=f"Linear CKA between layers: {text!r}")
@@ -166,7 +167,7 @@ def cmd_layers(args) -> int:
 
 
 def cmd_probe(args) -> int:
-    from .probing import probe_model, read_conllu
+    from .analysis.probing import probe_model, read_conllu
 
     plot = _plot_file(args.plot)
     data = read_conllu(args.data, column=args.column)
@@ -177,7 +178,7 @@ def cmd_probe(args) -> int:
           f"seed={args.seed}")
     print(result.table())
     if args.plot:
-        from .plots import probe_curve
+        from .analysis.plots import probe_curve
 
         print(f"wrote {probe_curve(result, plot, title=f'Linear probe for {args.column}, per layer')}")
     return 0
@@ -212,7 +213,8 @@ def cmd_embed(args) -> int:
     import numpy as np
     import torch
 
-    from . import layers as L
+    from .analysis import layers as L
+    from .tools import fast
 
     texts = read_lines(args.texts)
     if not texts:
@@ -228,9 +230,10 @@ def cmd_embed(args) -> int:
     order = sorted(todo, key=lambda i: len(texts[i]))  # length-sorted: little padding
     result = [None] * len(texts)
     truncated = []
-    from .probing import progress_bar
+    from .analysis.probing import progress_bar
 
     bar = progress_bar(len(texts), "embed", not args.quiet)
+    run = fast.prepare(model)
     bar.update(len(blank))
     with torch.inference_mode():
         for start in range(0, len(order), args.batch_size):
@@ -241,7 +244,7 @@ def cmd_embed(args) -> int:
             if empty and args.blank == "error":  # e.g. a line of control characters, which the tokenizer drops
                 raise _blank_line_error(args.texts, empty, "has no token")
             blank += empty
-            out = model(**batch, fast=True)
+            out = run(**batch)
             pooled = L.pool(L.select_layers(out.hidden_states, chosen), batch["attention_mask"], args.pool)  # (k, B, H)
             vectors = torch.cat(tuple(pooled), -1) if args.combine == "concat" else pooled.mean(0)
             for i, v in zip(ids, vectors.float().numpy()):
@@ -261,8 +264,9 @@ def cmd_embed(args) -> int:
 def cmd_inspect(args) -> int:
     from pathlib import Path
 
-    from .accounting import format_report
-    from .config import PRESETS, BertConfig
+    from .tools.accounting import format_report
+    from .config import BertConfig
+    from .names import preset_name
 
     lengths = []
     for part in args.lengths.split(","):
@@ -272,10 +276,9 @@ def cmd_inspect(args) -> int:
             raise InputError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
     if any(T < 1 for T in lengths) or args.batch < 1:
         raise InputError("--lengths and --batch must be positive")
-    key = args.model.split("/")[-1]
-    if not Path(args.model).expanduser().exists() and key in PRESETS:
+    if not Path(args.model).expanduser().exists() and preset_name(args.model):
         # official geometry: no download needed to count
-        target, name = BertConfig.from_preset(key), f"{args.model} (built-in geometry, no weights loaded)"
+        target, name = BertConfig.from_preset(args.model), f"{args.model} (built-in geometry, no weights loaded)"
     else:
         from .model import BertModel
 
@@ -289,7 +292,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_parity(args) -> int:
-    from .parity import run_parity
+    from .analysis.parity import run_parity
 
     texts = None
     if args.texts:
@@ -308,7 +311,7 @@ def cmd_parity(args) -> int:
 
 
 def cmd_fill(args) -> int:
-    from .lens import fill_mask, logit_lens
+    from .analysis.lens import fill_mask, logit_lens
 
     if args.top_k < 1:
         raise InputError(f"--top-k must be >= 1, got {args.top_k}")
@@ -327,7 +330,7 @@ def cmd_fill(args) -> int:
             result = logit_lens(model, tokenizer, text, max_length=args.max_length)
             print(result.table())
             if plot:
-                from .plots import logit_lens as lens_plot
+                from .analysis.plots import logit_lens as lens_plot
 
                 print(f"wrote {lens_plot(result, plot)}")
     return 0

@@ -15,10 +15,9 @@ import json
 import os
 from dataclasses import dataclass
 
+from .activations import ACTIVATIONS
 from .errors import InputError
-
-#: activations a config may name, as transformers names them
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+from .names import PRESETS, preset_name
 
 @dataclass
 class BertConfig:
@@ -53,7 +52,7 @@ class BertConfig:
                 f"({self.num_attention_heads})")
         if self.hidden_act not in ACTIVATIONS:
             raise InputError(
-                f"BertConfig.hidden_act {self.hidden_act!r} is not supported; choose one of {ACTIVATIONS}")
+                f"BertConfig.hidden_act {self.hidden_act!r} is not supported; choose one of {tuple(ACTIVATIONS)}")
         if self.position_embedding_type != "absolute":
             raise InputError(
                 f"BertConfig.position_embedding_type {self.position_embedding_type!r} is not supported: "
@@ -99,32 +98,22 @@ class BertConfig:
         data.update(dataclasses.asdict(self))
         return data
 
-    def to_json_file(self, path: str | os.PathLike) -> None:
+    def to_json_file(self, path: str | os.PathLike, architectures: tuple[str, ...] = ("BertModel",)) -> None:
+        """Write config.json; ``architectures`` tells transformers which class the weights beside it fit."""
+        data = self.to_dict()
+        data["architectures"] = list(architectures)
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
 
     # ----------------------------------------------------------------- presets
     @classmethod
     def from_preset(cls, name: str) -> "BertConfig":
         """Geometry of an official checkpoint, e.g. ``BertConfig.from_preset("bert-base-uncased")``."""
-        key = name.split("/")[-1]
-        if key not in PRESETS:
+        key = preset_name(name)
+        if key is None:
             raise InputError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
         return cls(**PRESETS[key])
-
-
-#: geometry of the official Google checkpoints (their config.json files on the hub)
-PRESETS = {
-    "bert-base-uncased": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
-                              num_attention_heads=12, intermediate_size=3072),
-    "bert-base-cased": dict(vocab_size=28996, hidden_size=768, num_hidden_layers=12,
-                            num_attention_heads=12, intermediate_size=3072),
-    "bert-large-uncased": dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
-                               num_attention_heads=16, intermediate_size=4096),
-    "bert-large-cased": dict(vocab_size=28996, hidden_size=1024, num_hidden_layers=24,
-                             num_attention_heads=16, intermediate_size=4096),
-}
 
 
 def read_json_object(path: str | os.PathLike) -> dict:

@@ -12,7 +12,6 @@ no dtype or device change is asked). Nothing is ever initialised at random.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -21,14 +20,7 @@ import torch
 
 from .config import BertConfig, read_json_object
 from .errors import CheckpointError, InputError
-
-#: short names accepted for the official checkpoints, resolved to their hub repo ids
-HUB_ALIASES = {
-    name: f"google-bert/{name}"
-    for name in ("bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased",
-                 "bert-base-multilingual-uncased", "bert-base-multilingual-cased", "bert-base-chinese",
-                 "bert-large-uncased-whole-word-masking", "bert-large-cased-whole-word-masking")
-}
+from .names import hub_repo_id, parse_dtype
 
 WEIGHT_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -61,14 +53,14 @@ def tensor_map(config: BertConfig, *, with_pooler: bool = True, with_mlm_head: b
         ("embeddings.LayerNorm.bias", "embeddings.norm.bias", (H,)),
     ]
     per_block = [  # (checkpoint part, our part, weight shape, bias shape)
-        ("attention.self.query", "attention.query", (H, H), (H,)),
-        ("attention.self.key", "attention.key", (H, H), (H,)),
-        ("attention.self.value", "attention.value", (H, H), (H,)),
-        ("attention.output.dense", "attention.output", (H, H), (H,)),
-        ("attention.output.LayerNorm", "attention_norm", (H,), (H,)),
-        ("intermediate.dense", "feed_forward.dense_in", (F, H), (F,)),
-        ("output.dense", "feed_forward.dense_out", (H, F), (H,)),
-        ("output.LayerNorm", "output_norm", (H,), (H,)),
+        ("attention.self.query", "attn.query", (H, H), (H,)),
+        ("attention.self.key", "attn.key", (H, H), (H,)),
+        ("attention.self.value", "attn.value", (H, H), (H,)),
+        ("attention.output.dense", "attn.output", (H, H), (H,)),
+        ("attention.output.LayerNorm", "attn_norm", (H,), (H,)),
+        ("intermediate.dense", "ffn.dense_in", (F, H), (F,)),
+        ("output.dense", "ffn.dense_out", (H, F), (H,)),
+        ("output.LayerNorm", "ffn_norm", (H,), (H,)),
     ]
     for i in range(config.num_hidden_layers):
         for theirs, ours, w_shape, b_shape in per_block:
@@ -120,7 +112,7 @@ def resolve_source(source, *, revision=None, files=MODEL_FILES) -> Path:
         if revision is not None:
             raise InputError(f"revision={revision!r} only applies to hub repo ids, not the local path {path}")
         return path
-    repo_id = HUB_ALIASES.get(str(source), str(source))
+    repo_id = hub_repo_id(str(source))
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or repo_id.startswith((".", "/")):
         raise FileNotFoundError(f"{source!r} is neither an existing path nor a hub repo id")
     from huggingface_hub import snapshot_download  # imported here: only hub loading needs it
@@ -270,7 +262,7 @@ def load_model(cls, source, *, revision=None, dtype=None, device=None, mlm_head=
     state, has_pooler, has_head, skipped = match_checkpoint(config, tensors, where=str(path), mlm_head=mlm_head)
     del tensors
 
-    dtype = _parse_dtype(dtype)
+    dtype = parse_dtype(dtype)
     if dtype is not None:
         from .hardware import warn_if_slow
 
@@ -285,17 +277,6 @@ def load_model(cls, source, *, revision=None, dtype=None, device=None, mlm_head=
     model.source = str(path)
     model.skipped_tensors = skipped  # what the checkpoint held beyond the encoder, e.g. cls.* heads
     return model
-
-
-def _parse_dtype(dtype):
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-             "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
-    if dtype not in names:
-        raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(names)} or a torch.dtype")
-    return names[dtype]
 
 
 # ----------------------------------------------------------------------------------------- saving
@@ -315,8 +296,6 @@ def save_model(model, directory) -> None:
         name = f"bert.{theirs}" if head and not theirs.startswith("cls.") else theirs
         state[name] = tensor.detach().to("cpu").contiguous()
     assert not params, f"parameters with no checkpoint name: {sorted(params)}"
-    config = model.config.to_dict()
-    if head:  # tell transformers which class the file holds
-        config["architectures"] = ["BertForMaskedLM"]
-    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    model.config.to_json_file(directory / "config.json",  # tell transformers which class the file holds
+                              architectures=("BertForMaskedLM",) if head else ("BertModel",))
     save_file(state, directory / WEIGHT_FILE, metadata={"format": "pt"})

@@ -20,7 +20,7 @@ import copy
 
 import torch
 
-from .parity import ParityReport, compare, make_batches, minibert_runner, transformers_runner
+from .analysis.parity import ParityReport, compare, make_batches, minibert_runner, transformers_runner
 from .errors import InputError
 
 
@@ -66,10 +66,22 @@ def assert_bert_close(a, b, *, texts=None, pairs=None, batches=None, tokenizer=N
     return report
 
 
-def _largest_difference(a, b, valid, cls_valid) -> float:
-    diffs = [(x.double() - y.double())[valid].abs().max().item()
+def _real_tokens(out, attention_mask) -> torch.Tensor:
+    shape = out.hidden_states[0].shape[:2]  # (B, T)
+    if attention_mask is None:
+        return torch.ones(shape, dtype=torch.bool)
+    return torch.as_tensor(attention_mask).bool().reshape(shape)
+
+
+def largest_difference(a, b, attention_mask=None, pooler: bool = True) -> float:
+    """The largest absolute difference between two ``BertOutput``s: every hidden state at real tokens
+    (``attention_mask`` != 0; all tokens when None) and, with ``pooler``, the pooler output of the rows
+    whose first token ([CLS]) is real."""
+    valid = _real_tokens(a, attention_mask)
+    diffs = [(x.double() - y.double())[valid].abs().max().item() if valid.any() else 0.0
              for x, y in zip(a.hidden_states, b.hidden_states, strict=True)]
-    if a.pooler_output is not None and cls_valid.any():
+    cls_valid = valid[:, 0]
+    if pooler and a.pooler_output is not None and cls_valid.any():
         diffs.append((a.pooler_output.double() - b.pooler_output.double())[cls_valid].abs().max().item())
     return max(diffs)
 
@@ -85,7 +97,7 @@ def fp32_noise_floor(model, batch) -> float:
 
     -- and never less than one fp32 ulp of the largest hidden value. Matrix products on different CPUs
     (Intel or AMD, AVX2, AVX-512, AMX) sum in different orders, so any other fp32 implementation, like
-    ``fast=True``, can only be held to a multiple of this, measured on the same CPU and inputs."""
+    ``minibert.tools.fast``, can only be held to a multiple of this, measured on the same CPU and inputs."""
     from .model import BertModel
 
     if not isinstance(model, BertModel):
@@ -94,9 +106,6 @@ def fp32_noise_floor(model, batch) -> float:
         raise InputError(f"fp32_noise_floor measures fp32 models; this one is {model.dtype}")
     batch = dict(batch)
     mask = batch.get("attention_mask")
-    ids = torch.as_tensor(batch["input_ids"])
-    valid = (torch.ones(ids.shape, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool())
-    valid = valid.reshape(-1, valid.shape[-1])
     exact = copy.deepcopy(model).double().eval()
     was_training = model.training
     model.eval()  # dropout off: the floor is about rounding
@@ -107,9 +116,9 @@ def fp32_noise_floor(model, batch) -> float:
             truth = exact(**batch, output_attentions=True)
     finally:
         model.train(was_training)
-    cls_valid = valid[:, 0]
-    floor = max(_largest_difference(fused, explicit, valid, cls_valid),
-                _largest_difference(fused, truth, valid, cls_valid),
-                _largest_difference(explicit, truth, valid, cls_valid))
-    scale = max(h.double()[valid].abs().max().item() for h in truth.hidden_states)
+    floor = max(largest_difference(fused, explicit, mask), largest_difference(fused, truth, mask),
+                largest_difference(explicit, truth, mask))
+    valid = _real_tokens(truth, mask)
+    scale = max(h.double()[valid].abs().max().item() if valid.any() else 0.0 for h in truth.hidden_states)
     return max(floor, torch.finfo(torch.float32).eps * scale)
+

@@ -16,18 +16,12 @@ if str(ROOT) not in sys.path:
 
 transformers = pytest.importorskip("transformers")  # the parity reference (the `test` extra)
 
-SENTENCES = [
-    "The bank approved the loan application.",
-    "A quick brown fox jumps over the lazy dog near the riverbank.",
-    "Hi!",
-    "Tokenizers split unaffable words like unbelievably into word pieces.",
-    "Paris is the capital of France, and Berlin is the capital of Germany.",
-]
-PAIRS = [
-    ("Where is the bank?", "It is next to the river."),
-    ("He went to the store to buy milk and eggs for breakfast.", "The store was closed."),
-    ("Short.", "A somewhat longer second segment with several more tokens in it."),
-]
+# the parity tool's built-in inputs (minibert.analysis.parity) serve the tests too: five plain sentences
+# (no long text, accents or non-Latin script: those have tests of their own) and the sentence pairs
+from minibert.analysis.parity import DEFAULT_PAIRS as PAIRS  # noqa: E402
+from minibert.analysis.parity import DEFAULT_TEXTS  # noqa: E402
+
+SENTENCES = DEFAULT_TEXTS[:5]
 
 
 def load_script(name: str):

@@ -13,15 +13,19 @@ both vs float64) and requires the fast path to stay within FACTOR times it.
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import pytest
 import torch
 
-import minibert.fast
 from conftest import BASE, PAIRS, SENTENCES, random_batch_for, transformers
 from minibert import BertConfig, BertModel, BertTokenizer
 from minibert.testing import fp32_noise_floor
+from minibert.testing import largest_difference as compare
+from minibert.tools import fast as fastmod
+from minibert.tools.fast import prepare
+from minibert.tools.hooks import hooks
 
 FACTOR = 2  # the README's promise: within 2x the fp32 noise floor of the same inputs on the same CPU
 
@@ -31,18 +35,9 @@ def minilm(minilm_dir):
     return BertModel.from_pretrained(minilm_dir).eval(), BertTokenizer.from_pretrained(minilm_dir)
 
 
-def compare(a, b, mask, pooler=True):
-    """Max abs difference over hidden states (real tokens) and the pooler."""
-    valid = mask.bool()
-    diffs = [(x - y)[valid].abs().max().item() for x, y in zip(a.hidden_states, b.hidden_states, strict=True)]
-    if pooler and a.pooler_output is not None:
-        diffs.append((a.pooler_output - b.pooler_output).abs().max().item())
-    return max(diffs)
-
-
 def both(model, batch, **kw):
     with torch.inference_mode():
-        return model(**batch, **kw), model(**batch, fast=True, **kw)
+        return model(**batch, **kw), prepare(model)(**batch, **kw)
 
 
 @pytest.mark.parametrize("kind", ["pairs", "sentences", "dense", "left_padded"])
@@ -87,7 +82,7 @@ def test_fast_matches_transformers_for_bert_base_geometry(base_pair, positions):
     elif positions == "one_row":  # (1, T) broadcasts over the batch, as in transformers
         batch["position_ids"] = torch.randperm(512, generator=g)[:64][None]
     with torch.inference_mode():
-        ours = model(**batch, fast=True)
+        ours = prepare(model)(**batch)
         ref = reference(**batch, output_hidden_states=True)
         ref_eager = eager(**batch, output_hidden_states=True)
         readable = model(**batch)
@@ -109,9 +104,9 @@ def test_one_row_of_positions_or_token_types_broadcasts(minilm):
     full = dict(batch, position_ids=positions.expand(B, T), token_type_ids=types.expand(B, T))
     for pos, tt in ((positions[None], types[None]), (positions, types)):
         one = dict(batch, position_ids=pos, token_type_ids=tt)
-        for fast in (False, True):
+        for run in (model, prepare(model)):
             with torch.inference_mode():
-                a, b = model(**one, fast=fast), model(**full, fast=fast)
+                a, b = run(**one), run(**full)
             assert torch.equal(a.last_hidden_state, b.last_hidden_state)
     with pytest.raises(ValueError, match=r"position_ids has shape \(2, \d+\).*\(1, \d+\)"):
         model(**dict(batch, position_ids=positions.expand(2, T)))
@@ -123,11 +118,11 @@ def test_a_row_does_not_depend_on_its_neighbours(minilm):
     tolerance = FACTOR * fp32_noise_floor(model, tok(texts, padding=True, return_tensors="pt"))
     with torch.inference_mode():
         batch = tok(texts, padding=True, return_tensors="pt")
-        together = model(**batch, fast=True)
+        together = prepare(model)(**batch)
         shuffled_texts = texts[::-1] + ["x " * 60]
-        shuffled = model(**tok(shuffled_texts, padding=True, return_tensors="pt"), fast=True)
+        shuffled = prepare(model)(**tok(shuffled_texts, padding=True, return_tensors="pt"))
         for i, text in enumerate(texts):
-            alone = model(**tok([text], return_tensors="pt"), fast=True).last_hidden_state[0]
+            alone = prepare(model)(**tok([text], return_tensors="pt")).last_hidden_state[0]
             n = alone.shape[0]
             j = shuffled_texts.index(text)
             assert (together.last_hidden_state[i, :n] - alone).abs().max() <= tolerance
@@ -137,11 +132,11 @@ def test_a_row_does_not_depend_on_its_neighbours(minilm):
 def test_plain_linear_fallback_matches_too(minilm, monkeypatch):
     model, tok = minilm
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
-    monkeypatch.setattr(minibert.fast, "_MKLDNN", False)
-    minibert.fast.release(model)
+    monkeypatch.setattr(fastmod, "_MKLDNN", False)
+    fastmod.release(model)
     slow, fast = both(model, batch)
     assert compare(slow, fast, batch["attention_mask"]) <= FACTOR * fp32_noise_floor(model, batch)
-    minibert.fast.release(model)
+    fastmod.release(model)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"])
@@ -160,12 +155,38 @@ def test_fast_path_notices_weight_edits(minilm_dir, minilm):
     model = BertModel.from_pretrained(minilm_dir).eval()
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     with torch.inference_mode():
-        before = model(**batch, fast=True).last_hidden_state
+        before = prepare(model)(**batch).last_hidden_state
     with torch.no_grad():
-        model.encoder.blocks[2].feed_forward.dense_in.weight.mul_(0.5)
+        model.encoder.blocks[2].ffn.dense_in.weight.mul_(0.5)
     slow, fast = both(model, batch)
     assert compare(slow, fast, batch["attention_mask"]) <= FACTOR * fp32_noise_floor(model, batch)
     assert not torch.allclose(fast.last_hidden_state, before)
+
+
+def test_fast_path_notices_every_kind_of_model_change(minilm_dir, minilm):
+    """The copies are checked against what they were made from on every call, without walking the
+    module tree: a replaced parameter, a replaced block, a dtype change and a load all show."""
+    _, tok = minilm
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
+    fast = prepare(model)
+
+    def agree():
+        with torch.inference_mode():
+            slow, quick = model(**batch), fast(**batch)
+        return compare(slow, quick, batch["attention_mask"]) <= 4 * fp32_noise_floor(model, batch)
+
+    assert agree()
+    block = model.encoder.blocks[1]
+    block.attn.value.weight = torch.nn.Parameter(block.attn.value.weight.detach() * 0.5)  # a new tensor
+    assert agree()
+    model.encoder.blocks[4] = copy.deepcopy(model.encoder.blocks[0])  # a replaced block
+    assert agree()
+    model.load_state_dict(BertModel.from_pretrained(minilm_dir).state_dict())  # a load (in place)
+    assert agree()
+    model.double()  # .to(): same Parameter objects, new data
+    with torch.inference_mode():
+        assert prepare(model)(**batch).last_hidden_state.dtype == torch.float64
 
 
 def test_early_exit_and_skip_in_the_fast_path(minilm):
@@ -181,11 +202,11 @@ def test_fast_falls_back_where_only_the_readable_path_can_answer(minilm):
     model, tok = minilm
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     with torch.inference_mode():
-        out = model(**batch, fast=True, output_attentions=True)
+        out = prepare(model)(**batch, output_attentions=True)
     assert out.attentions is not None and len(out.attentions) == 6
     seen = []
-    with model.hooks({"blocks.0.output": lambda x, n: seen.append(n)}), torch.inference_mode():
-        model(**batch, fast=True)
+    with hooks(model, {"blocks.0.output": lambda x, n: seen.append(n)}), torch.inference_mode():
+        prepare(model)(**batch)
     assert seen == ["blocks.0.output"]
 
 
@@ -199,7 +220,7 @@ def test_bf16_fast_path_error_is_bounded_by_transformers_own(minilm_dir, minilm)
     with torch.inference_mode():
         exact = reference(**batch).last_hidden_state
         theirs = (reference_half(**batch).last_hidden_state.float() - exact)[valid].abs().max()
-        mine = (ours(**batch, fast=True).last_hidden_state.float() - exact)[valid].abs().max()
+        mine = (prepare(ours)(**batch).last_hidden_state.float() - exact)[valid].abs().max()
     assert mine <= 2 * theirs, (mine, theirs)
 
 
@@ -210,9 +231,8 @@ def test_readable_model_compiles_without_graph_breaks():
     ids = torch.randint(0, 100, (2, 8))
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
-    for fast in (False, True):  # fast=True traces the readable path: packing is value-dependent
-        explanation = torch._dynamo.explain(model)(ids, mask, fast=fast)
-        assert explanation.graph_break_count == 0, explanation.break_reasons
+    explanation = torch._dynamo.explain(model)(ids, mask)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler for inductor; the graph-break check above still ran")
     torch._dynamo.reset()
@@ -223,15 +243,14 @@ def test_readable_model_compiles_without_graph_breaks():
     assert (a.last_hidden_state - b.last_hidden_state)[mask.bool()].abs().max() <= FACTOR * floor
 
 
-def test_prepacked_fp32_option_stays_close(minilm, monkeypatch):
+def test_prepacked_fp32_option_stays_close(minilm):
     model, tok = minilm
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
-    monkeypatch.setattr(minibert.fast, "PREPACK_FP32", True)
-    slow, fast = both(model, batch)
+    with torch.inference_mode():
+        slow, fast = model(**batch), prepare(model, prepack_fp32=True)(**batch)
     # oneDNN's fp32 kernels sum in yet another order: documented as up to 4x the floor (1.1e-5 on BERT-base)
     assert compare(slow, fast, batch["attention_mask"]) <= 4 * fp32_noise_floor(model, batch)
-    monkeypatch.undo()
-    minibert.fast.release(model)
+    fastmod.release(model)
 
 
 def test_rows_without_real_tokens(minilm):
@@ -243,7 +262,7 @@ def test_rows_without_real_tokens(minilm):
     assert fast.last_hidden_state[1].abs().max() == 0
     batch["attention_mask"][:] = 0  # nothing real at all
     with torch.inference_mode():
-        out = model(**batch, fast=True)
+        out = prepare(model)(**batch)
     assert out.last_hidden_state.abs().max() == 0 and len(out.hidden_states) == 7
 
 
@@ -258,22 +277,22 @@ def test_copying_pickling_and_saving_work_after_fast_forwards(minilm_dir, minilm
     model = BertModel.from_pretrained(minilm_dir, dtype=dtype).eval()
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     with torch.inference_mode():
-        before = model(**batch, fast=True).last_hidden_state
-    assert minibert.fast.cached_bytes(model) > 0  # the user can see what the cache holds ...
+        before = prepare(model)(**batch).last_hidden_state
+    assert fastmod.cached_bytes(model) > 0  # the user can see what the cache holds ...
     twin = copy.deepcopy(model)
     again = pickle.loads(pickle.dumps(model))
     torch.save(model, tmp_path / "model.pt")
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
     model.save_pretrained(tmp_path / "saved")
     for other in (twin, again, loaded, BertModel.from_pretrained(tmp_path / "saved")):
-        assert minibert.fast.cached_bytes(other) == 0
+        assert fastmod.cached_bytes(other) == 0
         with torch.inference_mode():
-            assert torch.equal(other(**batch, fast=True).last_hidden_state, before)
-    minibert.fast.release(model)  # ... and free it
-    assert minibert.fast.cached_bytes(model) == 0
+            assert torch.equal(prepare(other)(**batch).last_hidden_state, before)
+    fastmod.release(model)  # ... and free it
+    assert fastmod.cached_bytes(model) == 0
     with torch.inference_mode():
-        model(**batch, fast=True)
-    entries = len(minibert.fast._CACHE)
+        prepare(model)(**batch)
+    entries = len(fastmod._CACHE)
     del model, twin, again, loaded, other
     gc.collect()
-    assert len(minibert.fast._CACHE) < entries  # an entry goes with its model
+    assert len(fastmod._CACHE) < entries  # an entry goes with its model

@@ -115,7 +115,7 @@ def test_corrupt_shard_index_is_a_checkpoint_error(minilm_dir, tmp_path):
 ])
 def test_malformed_conllu_is_one_line_with_file_and_line(tmp_path, capsys, content, line, what):
     pytest.importorskip("conllu")
-    from minibert.probing import read_conllu
+    from minibert.analysis.probing import read_conllu
 
     path = tmp_path / "bad.conllu"
     path.write_text(content, encoding="utf-8")
@@ -189,7 +189,7 @@ def test_truncation_is_said_and_max_length_sets_it(minilm_dir, tmp_path):
 
 
 def test_fill_says_the_mask_was_truncated(mlm_dir, capsys):
-    from minibert.lens import fill_mask, logit_lens
+    from minibert.analysis.lens import fill_mask, logit_lens
 
     model, tok = BertModel.from_pretrained(mlm_dir), BertTokenizer.from_pretrained(mlm_dir)
     text = "word " * 80 + "[MASK] ."
@@ -204,7 +204,7 @@ def test_fill_says_the_mask_was_truncated(mlm_dir, capsys):
 
 
 def test_fill_top_k_is_bounded_by_the_vocabulary(mlm_dir, capsys):
-    from minibert.lens import fill_mask
+    from minibert.analysis.lens import fill_mask
 
     model, tok = BertModel.from_pretrained(mlm_dir), BertTokenizer.from_pretrained(mlm_dir)
     with pytest.raises(InputError, match=r"top_k=30523 is out of range.*\[1, 30522\]"):
@@ -215,7 +215,7 @@ def test_fill_top_k_is_bounded_by_the_vocabulary(mlm_dir, capsys):
 
 
 def test_embed_rows_are_lines_split_on_newline_only(minilm_dir, tmp_path):
-    from minibert import layers as L
+    from minibert.analysis import layers as L
 
     texts = ["first line with a\u2028line separator inside", "second\x0cwith a form feed",
              "third\x1cwith a file separator and\x85next line", "fourth, CRLF ended", "fifth"]
@@ -269,7 +269,7 @@ def test_outputs_are_checked_before_any_work(tmp_path, capsys):
 
 
 def test_duplicate_layers_are_an_error(minilm_dir, tmp_path, capsys):
-    from minibert import layers as L
+    from minibert.analysis import layers as L
 
     with pytest.raises(InputError, match=r"layers '0,6,-1' selects hidden state 6 twice \(6 and -1"):
         L.parse_layers("0,6,-1", 7)
@@ -283,7 +283,7 @@ def test_duplicate_layers_are_an_error(minilm_dir, tmp_path, capsys):
 
 def test_underscore_is_no_label_and_one_class_is_an_error(minilm_dir, tmp_path, capsys):
     pytest.importorskip("conllu")
-    from minibert.probing import probe_model, read_conllu
+    from minibert.analysis.probing import probe_model, read_conllu
 
     line = cli_error(capsys, "probe", str(POS_SAMPLE), "--column", "xpos", "--model", str(minilm_dir))
     assert "every word's 'xpos' is '_'" in line
@@ -332,7 +332,7 @@ def test_half_precision_on_a_cpu_without_it_warns_once(minilm_dir, monkeypatch):
 # ------------------------------------------------------------------------------------------ 4. plots
 def _captured_figure(monkeypatch, draw):
     """Run a plot function, keeping its matplotlib figure for inspection."""
-    from minibert import plots
+    from minibert.analysis import plots
 
     kept = {}
     real_save = plots._save
@@ -350,8 +350,8 @@ def _captured_figure(monkeypatch, draw):
 
 def test_cka_heatmap_title_scale_and_numbers(minilm_dir, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from minibert import layers as L
-    from minibert import plots
+    from minibert.analysis import layers as L
+    from minibert.analysis import plots
 
     model, tok = BertModel.from_pretrained(minilm_dir), BertTokenizer.from_pretrained(minilm_dir)
     batch = tok([SENTENCES[1]], return_tensors="pt")
@@ -371,7 +371,7 @@ def test_cka_heatmap_title_scale_and_numbers(minilm_dir, tmp_path, monkeypatch):
 
 
 def test_cka_needs_enough_tokens(minilm_dir, capsys):
-    from minibert import layers as L
+    from minibert.analysis import layers as L
 
     h = [torch.randn(1, 4, 8) for _ in range(3)]
     mask = torch.ones(1, 4)
@@ -385,8 +385,8 @@ def test_cka_needs_enough_tokens(minilm_dir, capsys):
 
 def test_logit_lens_plot_legend_and_rank_axis(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from minibert import plots
-    from minibert.lens import LensResult, LensRow
+    from minibert.analysis import plots
+    from minibert.analysis.lens import LensResult, LensRow
 
     rows = [LensRow(i, "x", 0.1, rank, 0.1) for i, rank in enumerate([2500, 300, 40, 7, 2, 1])]
     fig, _ = _captured_figure(monkeypatch, lambda: plots.logit_lens(LensResult("t", 3, "capital", rows),
@@ -403,7 +403,7 @@ def test_logit_lens_plot_legend_and_rank_axis(tmp_path, monkeypatch):
 
 def test_attention_map_size_is_bounded_and_colour_bar_fits(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from minibert import plots
+    from minibert.analysis import plots
 
     n = 41
     probs = torch.softmax(torch.randn(n, n), -1)
@@ -421,8 +421,8 @@ def test_plots_are_150_dpi_or_vector_as_the_name_asks(tmp_path, name, magic):
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    from minibert import plots
-    from minibert.probing import ProbeResult
+    from minibert.analysis import plots
+    from minibert.analysis.probing import ProbeResult
 
     path = plots.probe_curve(ProbeResult([0, 1], [0.5, 0.9], [0.4, 0.5], 0.3, 10, 5, ["a", "b"]), tmp_path / name)
     assert path.suffix in (".png", ".svg", ".pdf") and path.read_bytes()[: len(magic)] == magic
@@ -432,8 +432,8 @@ def test_plots_are_150_dpi_or_vector_as_the_name_asks(tmp_path, name, magic):
 
 def test_plot_to_a_missing_directory_is_an_error_and_creates_nothing(tmp_path):
     pytest.importorskip("matplotlib")
-    from minibert import plots
-    from minibert.probing import ProbeResult
+    from minibert.analysis import plots
+    from minibert.analysis.probing import ProbeResult
 
     with pytest.raises(InputError, match="does not exist"):
         plots.probe_curve(ProbeResult([0, 1], [0.5, 0.9], [0.4, 0.5], 0.3, 10, 5, ["a", "b"]),

@@ -11,8 +11,11 @@ import torch
 
 from conftest import BASE, PAIRS, hf_config, transformers
 from minibert import BertConfig, BertModel, BertTokenizer
-from minibert.accounting import activation_memory, flops_per_token, forward_flops, parameter_counts
-from minibert.hooks import point_table
+from minibert.hookpoints import HookPoint
+from minibert.tools import hooks as H
+from minibert.tools import surgery as S
+from minibert.tools.accounting import BLOCK_PARTS, activation_memory, flops_per_token, forward_flops, parameter_counts
+from minibert.tools.hooks import point_table
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +42,25 @@ def assert_same_output(a, b):
 
 # ------------------------------------------------------------------------------------------ hook points
 def test_identity_and_reading_hooks_change_nothing_bitwise(model, batch):
+    # hooks away from the attention scores and probabilities: the fused path runs, bit for bit the same
     plain = run(model, batch)
+    away = [n for n in H.hook_point_names(model) if not n.endswith(("attn.scores", "attn.probs"))]
+    with H.hooks(model, {name: lambda x, name: x for name in away}):
+        assert_same_output(plain, run(model, batch))
+    # a hook at every point: the scores and probabilities exist only on the explicit path, which then
+    # runs, as for output_attentions=True -- bit for bit that run
+    explicit = run(model, batch, output_attentions=True)
     seen = []
-    with model.hooks({"*": [lambda x, name: x, lambda x, name: seen.append(name)]}):
+    with H.hooks(model, {"*": [lambda x, name: x, lambda x, name: seen.append(name)]}):
         hooked = run(model, batch)
-    assert_same_output(plain, hooked)
-    assert seen == model.hook_point_names()  # every point, once, in forward order
+    assert_same_output(explicit, hooked)
+    assert seen == H.hook_point_names(model)  # every point, once, in forward order
+    # the two paths differ by rounding only (README states the size)
+    valid = batch["attention_mask"].bool()
+    assert max((x - y)[valid].abs().max() for x, y in zip(plain.hidden_states, explicit.hidden_states)) < 1e-5
     # same with the attention maps asked for (the explicit path both times)
     plain = run(model, batch, output_attentions=True)
-    with model.hooks({"*": lambda x, name: x}):
+    with H.hooks(model, {"*": lambda x, name: x}):
         hooked = run(model, batch, output_attentions=True)
     assert_same_output(plain, hooked)
     for x, y in zip(plain.attentions, hooked.attentions, strict=True):
@@ -55,19 +68,19 @@ def test_identity_and_reading_hooks_change_nothing_bitwise(model, batch):
 
 
 def test_every_cached_point_has_the_documented_shape(model, batch):
-    _, cache = model.run_with_cache(**batch)
+    _, cache = H.run_with_cache(model, **batch)
     c = model.config
     B, T = batch["input_ids"].shape
     sizes = dict(B=B, T=T, H=c.hidden_size, h=c.num_attention_heads, d=c.head_size, F=c.intermediate_size)
     table = point_table(c.num_hidden_layers)
     assert sorted(cache) == sorted(name for name, *_ in table)
-    for name, shape, _, _ in table:
+    for name, shape, *_ in table:
         expected = tuple(sizes[s.strip()] for s in shape.strip("()").split(","))
         assert tuple(cache[name].shape) == expected, name
 
 
 def test_cache_lines_up_with_hidden_states_and_attentions(model, batch):
-    out, cache = model.run_with_cache(**batch, output_attentions=True)
+    out, cache = H.run_with_cache(model, **batch, output_attentions=True)
     assert torch.equal(cache["embeddings.output"], out.hidden_states[0])
     for i in range(model.config.num_hidden_layers):
         assert torch.equal(cache[f"blocks.{i}.input"], out.hidden_states[i])
@@ -80,7 +93,7 @@ def test_cache_lines_up_with_hidden_states_and_attentions(model, batch):
 
 
 def test_attention_recomputed_by_hand_from_the_cache(model, batch):
-    _, cache = model.run_with_cache(**batch, names="blocks.*.attn.*")  # fused path, probs for hooks
+    _, cache = H.run_with_cache(model, **batch, names="blocks.*.attn.*")  # fused path, probs for hooks
     valid = batch["attention_mask"].bool()
     for i, block in enumerate(model.encoder.blocks):
         q, k, v = (cache[f"blocks.{i}.attn.{n}"] for n in "qkv")
@@ -94,13 +107,13 @@ def test_attention_recomputed_by_hand_from_the_cache(model, batch):
         B, h, T, d = context.shape
         merged = context.transpose(1, 2).reshape(B, T, h * d)
         with torch.no_grad():
-            output = block.attention.output(merged)
+            output = block.attn.output(merged)
         torch.testing.assert_close(output[valid], cache[f"blocks.{i}.attn.output"][valid], atol=1e-5, rtol=0)
 
 
 def test_replacing_an_activation_changes_what_follows(model, batch):
     plain = run(model, batch)
-    with model.hooks({"blocks.2.ffn.post": lambda x, name: torch.zeros_like(x)}):
+    with H.hooks(model, {"blocks.2.ffn.post": lambda x, name: torch.zeros_like(x)}):
         edited = run(model, batch)
     for i in range(3):
         assert torch.equal(plain.hidden_states[i], edited.hidden_states[i])
@@ -111,10 +124,10 @@ def test_in_place_edit_of_probabilities_is_honoured(model, batch):
     def zero_head(x, name):
         x[:, 5] = 0
 
-    _, cache = model.run_with_cache(**batch, names="blocks.1.attn.context")
+    _, cache = H.run_with_cache(model, **batch, names="blocks.1.attn.context")
     for mode in (torch.no_grad, torch.inference_mode):
-        with mode(), model.hooks({"blocks.1.attn.probs": zero_head}):
-            _, edited = model.run_with_cache(**batch, names="blocks.1.attn.context")
+        with mode(), H.hooks(model, {"blocks.1.attn.probs": zero_head}):
+            _, edited = H.run_with_cache(model, **batch, names="blocks.1.attn.context")
         assert edited["blocks.1.attn.context"][:, 5].abs().max() == 0
         torch.testing.assert_close(edited["blocks.1.attn.context"][:, :5], cache["blocks.1.attn.context"][:, :5],
                                    atol=1e-5, rtol=0)
@@ -128,28 +141,28 @@ def test_hooks_are_removed_after_an_exception(model, batch):
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
-        with model.hooks({"blocks.0.attn.probs": fail, "blocks.*.output": lambda x, n: None}):
+        with H.hooks(model, {"blocks.0.attn.probs": fail, "blocks.*.output": lambda x, n: None}):
             run(model, batch)
     assert calls == ["blocks.0.attn.probs"]
-    assert all(not m.taps for m in model.modules() if hasattr(m, "taps"))
+    assert all(not m.fns for m in model.modules() if isinstance(m, HookPoint)) and HookPoint.registered == 0
     run(model, batch)  # would raise again if the hook were still there
     assert calls == ["blocks.0.attn.probs"]
 
 
 def test_bad_hook_names_and_replacements_are_refused(model, batch):
     with pytest.raises(ValueError, match="unknown hook point 'blocks.9.output'"):
-        with model.hooks({"blocks.9.output": print}):
+        with H.hooks(model, {"blocks.9.output": print}):
             pass
     with pytest.raises(ValueError, match=r"returned \(2, 2\).*shape"):
-        with model.hooks({"blocks.0.output": lambda x, n: torch.zeros(2, 2)}):
+        with H.hooks(model, {"blocks.0.output": lambda x, n: torch.zeros(2, 2)}):
             run(model, batch)
-    assert all(not m.taps for m in model.modules() if hasattr(m, "taps"))
+    assert all(not m.fns for m in model.modules() if isinstance(m, HookPoint)) and HookPoint.registered == 0
 
 
 # ---------------------------------------------------------------------------------------- interventions
 def test_head_ablation_equals_zeroing_the_head_context(model, batch):
     heads = {1: [0, 7], 4: [3]}
-    with model.ablate_heads(heads):
+    with H.ablate_heads(model, heads):
         ablated = run(model, batch)
 
     def zero(*hs):
@@ -159,48 +172,48 @@ def test_head_ablation_equals_zeroing_the_head_context(model, batch):
             return x
         return hook
 
-    with model.hooks({"blocks.1.attn.context": zero(0, 7), "blocks.4.attn.context": zero(3)}):
+    with H.hooks(model, {"blocks.1.attn.context": zero(0, 7), "blocks.4.attn.context": zero(3)}):
         by_hand = run(model, batch)
     assert_same_output(ablated, by_hand)
     mask = torch.zeros(6, 12, dtype=torch.bool)
     mask[1, 0] = mask[1, 7] = mask[4, 3] = True
-    with model.ablate_heads(mask):
+    with H.ablate_heads(model, mask):
         assert_same_output(run(model, batch), by_hand)
     assert not torch.allclose(ablated.last_hidden_state, run(model, batch).last_hidden_state)
 
 
 def test_mean_ablation_uses_the_reference_mean(model, batch):
-    with model.ablate_heads([(2, 4)], mode="mean", reference=batch):
-        _, cache = model.run_with_cache(**batch, names="blocks.2.attn.context")
-    _, plain = model.run_with_cache(**batch, names="blocks.2.attn.context")
+    with H.ablate_heads(model, [(2, 4)], mode="mean", reference=batch):
+        _, cache = H.run_with_cache(model, **batch, names="blocks.2.attn.context")
+    _, plain = H.run_with_cache(model, **batch, names="blocks.2.attn.context")
     valid = batch["attention_mask"].bool()
     expected = plain["blocks.2.attn.context"][:, 4][valid].mean(0)  # (d,)
     got = cache["blocks.2.attn.context"][:, 4]  # (B, T, d)
     torch.testing.assert_close(got, expected.expand_as(got), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="reference="):
-        model.ablate_heads([(0, 0)], mode="mean").__enter__()
+        H.ablate_heads(model, [(0, 0)], mode="mean").__enter__()
     with pytest.raises(ValueError, match="head 12 is out of range"):
-        model.ablate_heads([(0, 12)]).__enter__()
+        H.ablate_heads(model, [(0, 12)]).__enter__()
 
 
 def test_patching_a_run_with_its_own_cache_changes_nothing(model, batch):
-    plain, cache = model.run_with_cache(**batch)
-    with model.patch(cache):
+    plain, cache = H.run_with_cache(model, **batch)
+    with H.patch(model, cache):
         assert_same_output(run(model, batch), plain)
 
 
 def test_patching_from_another_input(model, batch):
     other = dict(batch, input_ids=batch["input_ids"].clone())
     other["input_ids"][:, 2] = 2023  # a different token, same length and padding
-    out_other, cache = model.run_with_cache(**other, names="blocks.2.output")
+    out_other, cache = H.run_with_cache(model, **other, names="blocks.2.output")
     plain = run(model, batch)
-    with model.patch(cache, "blocks.2.output"):
+    with H.patch(model, cache, "blocks.2.output"):
         patched = run(model, batch)
     for i in range(3):
         assert torch.equal(patched.hidden_states[i], plain.hidden_states[i])
     for i in range(3, 7):  # everything after block 2 is the other input's
         assert torch.equal(patched.hidden_states[i], out_other.hidden_states[i])
-    with model.patch(cache, "blocks.2.output", positions=[2]):
+    with H.patch(model, cache, "blocks.2.output", positions=[2]):
         one = run(model, batch)
     assert not torch.equal(one.last_hidden_state, plain.last_hidden_state)
     assert not torch.equal(one.last_hidden_state, out_other.last_hidden_state)
@@ -219,21 +232,21 @@ def test_skip_blocks_and_early_exit(model, batch):
     assert not torch.allclose(skipped.last_hidden_state, full.last_hidden_state)
     with pytest.raises(ValueError, match=r"num_blocks=7 .*\[0, 6\]"):
         run(model, batch, num_blocks=7)
-    with pytest.raises(ValueError, match=r"skip_blocks has 6"):
+    with pytest.raises(ValueError, match=r"skip_blocks entry=6 is out of range"):
         run(model, batch, skip_blocks=[6])
 
 
 # --------------------------------------------------------------------------------------------- surgery
 def test_truncated_model_equals_the_first_hidden_states(model, batch, tmp_path):
     full = run(model, batch)
-    small = model.truncate(2)
+    small = S.truncate(model, 2)
     assert small.config.num_hidden_layers == 2 and model.config.num_hidden_layers == 6
     out = run(small, batch)
     assert len(out.hidden_states) == 3
     for i in range(3):
         assert torch.equal(out.hidden_states[i], full.hidden_states[i])
     # every other block == the full model with the others skipped
-    student = model.keep_blocks(range(1, 6, 2))
+    student = S.keep_blocks(model, range(1, 6, 2))
     skipped = run(model, batch, skip_blocks=[0, 2, 4])
     assert torch.equal(run(student, batch).last_hidden_state, skipped.last_hidden_state)
     # save and reload, in minibert and in transformers
@@ -249,25 +262,25 @@ def test_truncated_model_equals_the_first_hidden_states(model, batch, tmp_path):
     assert diff <= 1e-5
     # copies are independent
     with torch.no_grad():
-        student.encoder.blocks[0].attention.query.weight.zero_()
-    assert model.encoder.blocks[1].attention.query.weight.abs().sum() > 0
-    with pytest.raises(ValueError, match="block 6 does not exist"):
-        model.keep_blocks([0, 6])
+        student.encoder.blocks[0].attn.query.weight.zero_()
+    assert model.encoder.blocks[1].attn.query.weight.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"block=6 is out of range.*blocks 0\.\.5"):
+        S.keep_blocks(model, [0, 6])
 
 
 def test_freeze_bottom_blocks(minilm_dir, batch):
     model = BertModel.from_pretrained(minilm_dir)
-    model.freeze(embeddings=True, blocks=2)
+    S.freeze(model, embeddings=True, blocks=2)
     out = model(**batch)
     (out.last_hidden_state.sum() + out.pooler_output.sum()).backward()
     for name, p in model.named_parameters():
         frozen = name.startswith("embeddings.") or name.startswith(("encoder.blocks.0.", "encoder.blocks.1."))
         assert p.requires_grad is not frozen, name
         assert (p.grad is None) is frozen, name
-    model.unfreeze()
+    S.unfreeze(model)
     assert all(p.requires_grad for p in model.parameters())
-    with pytest.raises(ValueError, match=r"freeze\(blocks=7\)"):
-        model.freeze(blocks=7)
+    with pytest.raises(ValueError, match=r"freeze\(blocks\)=7 is out of range"):
+        S.freeze(model, blocks=7)
 
 
 # ------------------------------------------------------------------------------------------ accounting
@@ -287,10 +300,11 @@ def test_parameter_counts_match_transformers_for_bert_base():
 
 
 def test_parameter_counts_of_a_loaded_checkpoint(model):
-    counts = model.parameter_counts()
+    counts = parameter_counts(model)
     assert counts["total"] == sum(p.numel() for p in model.parameters())
-    parts = ("attn.qkv", "attn.output", "attn_norm", "ffn.in", "ffn.out", "output_norm")
-    assert sum(counts[f"block.{p}"] for p in parts) == counts["blocks.0"]
+    assert sum(counts[f"block.{p}"] for p in BLOCK_PARTS) == counts["blocks.0"]
+    for part in BLOCK_PARTS:  # one vocabulary: accounting rows are module names
+        assert counts[f"block.{part}"] == sum(p.numel() for p in model.encoder.blocks[0].get_submodule(part).parameters())
 
 
 def test_flops_match_torch_flop_counter():
@@ -351,11 +365,11 @@ def test_readme_worked_example_previous_token_head(model, minilm_dir):
     tok = BertTokenizer.from_pretrained(minilm_dir)
     batch = tok(["The quick brown fox jumps over the lazy dog near the river bank today."], return_tensors="pt")
     with torch.inference_mode():
-        out, cache = model.run_with_cache(**batch, names="blocks.*.attn.probs")
+        out, cache = H.run_with_cache(model, **batch, names="blocks.*.attn.probs")
     probs = cache.stack("attn.probs")[:, 0]
     score = probs.diagonal(offset=-1, dim1=-2, dim2=-1)[..., 1:-1].mean(-1)  # (layers, heads)
     assert score[0, 2] > 0.99  # the README's numbers
     assert sorted(map(tuple, (score > 0.3).nonzero().tolist())) == [(0, 2), (2, 11)]
-    with model.ablate_heads(score > 0.3), torch.inference_mode():
+    with H.ablate_heads(model, score > 0.3), torch.inference_mode():
         ablated = model(**batch)
     assert (ablated.last_hidden_state - out.last_hidden_state).norm() > 1

@@ -11,7 +11,7 @@ import torch
 
 from conftest import ROOT
 from minibert import BertModel, BertTokenizer
-from minibert import layers as L
+from minibert.analysis import layers as L
 from minibert.testing import fp32_noise_floor
 
 torch.manual_seed(0)
@@ -161,7 +161,7 @@ def test_cka_and_pooling_padding_invariant_on_real_model(minilm):
 
 # -------------------------------------------------------------------------------------------- probing
 def test_probing_on_real_weights(minilm):
-    from minibert.probing import probe_model, read_conllu
+    from minibert.analysis.probing import probe_model, read_conllu
 
     pytest.importorskip("conllu")
     model, tok = minilm
@@ -179,7 +179,7 @@ def test_probing_on_real_weights(minilm):
 
 
 def test_word_alignment_pools_subwords(minilm):
-    from minibert.probing import extract_word_features
+    from minibert.analysis.probing import extract_word_features
 
     model, tok = minilm
     sentences = [["unaffable", "dogs"], ["Hi", "\x00", "there"]]  # a word with no sub-word is left out
@@ -225,7 +225,7 @@ def test_cli_layers_probe_embed_end_to_end(minilm_dir, tmp_path):
     batch = tok(["second, a longer one"], return_tensors="pt")
     with torch.no_grad():
         ref = L.pool(L.select_layers(model(**batch).hidden_states, "-4:"), batch["attention_mask"], "mean")
-    tolerance = 2 * fp32_noise_floor(model, batch)  # embed runs fast=True: CPU-dependent rounding
+    tolerance = 2 * fp32_noise_floor(model, batch)  # embed runs the fast path: CPU-dependent rounding
     assert np.allclose(v[1], torch.cat(tuple(ref), -1)[0].numpy(), atol=tolerance, rtol=0)
 
 
@@ -240,8 +240,8 @@ def test_cli_errors_are_one_line(minilm_dir, tmp_path):
 
 def test_plots_write_png(tmp_path, minilm):
     pytest.importorskip("matplotlib")
-    from minibert import plots
-    from minibert.probing import ProbeResult
+    from minibert.analysis import plots
+    from minibert.analysis.probing import ProbeResult
 
     model, tok = minilm
     batch = tok(["Where is the bank?", "Hi"], padding=True, return_tensors="pt")

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from conftest import hf_config, random_hf_model, save_legacy, transformers
 from minibert import BertModel, BertTokenizer
 from minibert.cli import main
-from minibert.lens import fill_mask, logit_lens
+from minibert.analysis.lens import fill_mask, logit_lens
 from minibert.testing import assert_bert_close, bert_parity
 
 SMALL = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128)
@@ -113,7 +113,7 @@ def test_parity_counts_nan_as_divergent(minilm_dir):
     model = BertModel.from_pretrained(minilm_dir)
     broken = BertModel.from_pretrained(minilm_dir)
     with torch.no_grad():
-        broken.encoder.blocks[1].attention.output.bias.fill_(float("nan"))
+        broken.encoder.blocks[1].attn.output.bias.fill_(float("nan"))
     report = bert_parity(model, broken, tokenizer=BertTokenizer.from_pretrained(minilm_dir), texts=["Hello."])
     assert report.first_divergent == "block 1"
 

@@ -53,3 +53,9 @@ def test_every_readme_python_snippet_runs(minilm_dir, tmp_path, monkeypatch):
         ran += 1
     assert ran >= 6
     assert os.path.exists(tmp_path / "my-copy" / "model.safetensors")  # save_pretrained in "Using it"
+
+
+def test_readme_hook_point_table_is_the_code_table():
+    from minibert.tools.hooks import markdown_table
+
+    assert markdown_table() in (ROOT / "README.md").read_text(encoding="utf-8")

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
+from ..inputs import check_index
+from ..tools import fast
 
 
 @dataclass
@@ -63,11 +65,8 @@ def _max_length(model, tokenizer, max_length):
     limit = min(model.config.max_position_embeddings, tokenizer.model_max_length)
     if max_length is None:
         return limit
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 3 <= max_length <= limit:
-        raise InputError(f"max_length={max_length!r} is out of range: it must be an int in [3, {limit}] "
-                         "([CLS], [MASK] and [SEP] need 3 tokens; the model has "
-                         f"{model.config.max_position_embeddings} positions)")
-    return max_length
+    return check_index("max_length", max_length, 3, limit, "[CLS], [MASK] and [SEP] need 3 tokens; the model has "
+                       f"{model.config.max_position_embeddings} positions")
 
 
 def fill_mask(model, tokenizer, texts, top_k: int = 5, max_length: int | None = None
@@ -78,9 +77,7 @@ def fill_mask(model, tokenizer, texts, top_k: int = 5, max_length: int | None = 
     if isinstance(texts, str):
         texts = [texts]
     vocab = model.config.vocab_size
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= vocab:
-        raise InputError(f"top_k={top_k!r} is out of range: it must be an int in [1, {vocab}] (the vocabulary "
-                         f"has {vocab} tokens)")
+    check_index("top_k", top_k, 1, vocab, f"the vocabulary has {vocab} tokens")
     max_length = _max_length(model, tokenizer, max_length)
     batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     positions = _mask_positions(tokenizer, batch)
@@ -88,7 +85,7 @@ def fill_mask(model, tokenizer, texts, top_k: int = 5, max_length: int | None = 
     if missing:
         raise _no_mask_error(tokenizer, missing[0], max_length)
     with torch.inference_mode():
-        hidden = model(**batch, fast=True).last_hidden_state
+        hidden = fast.prepare(model)(**batch).last_hidden_state
         results: list[list] = [[] for _ in texts]
         for b, t in positions:
             probs = model.mlm_logits(hidden[b, t]).float().softmax(-1)
@@ -105,8 +102,7 @@ def logit_lens(model, tokenizer, text: str, mask_index: int = 0, max_length: int
     positions = [t for _, t in _mask_positions(tokenizer, batch)]
     if not positions:
         raise _no_mask_error(tokenizer, text, max_length)
-    if not 0 <= mask_index < len(positions):
-        raise InputError(f"mask_index {mask_index} is out of range: the text has {len(positions)} masks")
+    check_index("mask_index", mask_index, 0, len(positions) - 1, f"the text has {len(positions)} masks")
     t = positions[mask_index]
     with torch.inference_mode():
         out = model(**batch)

@@ -1,7 +1,9 @@
 """Layer surgery: shallower models made of chosen blocks, and freezing for layer-wise fine-tuning.
 
-    student = model.keep_blocks(range(1, 12, 2))   # every other block of BERT-base: a 6-block model
-    student.freeze(embeddings=True, blocks=2)      # train only blocks 2.. (and the pooler)
+    from minibert.tools.surgery import keep_blocks, truncate, freeze, unfreeze
+
+    student = keep_blocks(model, range(1, 12, 2))  # every other block of BERT-base: a 6-block model
+    freeze(student, embeddings=True, blocks=2)     # train only blocks 2.. (and the pooler)
     student.save_pretrained("student")             # config.json says 6 layers; transformers loads it
 
 Copies are real copies: training the new model never changes the old one.
@@ -14,19 +16,18 @@ import dataclasses
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
+from ..inputs import check_index
+from ..model import BertModel
 
 
-def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
-    """A new model with copies of the embeddings, the blocks ``indices`` (in the given order) and the pooler."""
+def keep_blocks(model: BertModel, indices, what: str = "keep_blocks(indices)") -> BertModel:
+    """A new, shallower model (copied weights) with the embeddings, the blocks ``indices`` (in the given
+    order) and the pooler, e.g. ``keep_blocks(model, range(1, 12, 2))`` for a 6-block student."""
     N = model.config.num_hidden_layers
     if isinstance(indices, int):
         raise TypeError(f"{what}: indices must be a sequence of block indices, got the int {indices}")
-    chosen = []
-    for i in indices:
-        if isinstance(i, bool) or not isinstance(i, int) or not -N <= i < N:
-            raise InputError(f"{what}: block {i!r} does not exist; the model has blocks 0..{N - 1}")
-        chosen.append(i % N)
+    chosen = [check_index(f"{what}: block", i, -N, N - 1, f"the model has blocks 0..{N - 1}") % N for i in indices]
     if not chosen:
         raise InputError(f"{what}: keep at least one block (the model has {N})")
 
@@ -40,21 +41,22 @@ def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
         new.pooler = copy.deepcopy(model.pooler)
     if new.mlm_head is not None:
         new.mlm_head = copy.deepcopy(model.mlm_head)
-    for module in new.modules():  # hooks active on the original never leak into the copy
-        if hasattr(module, "taps"):
-            module.taps = {}
     new.train(model.training)
     new.source = f"{getattr(model, 'source', 'model')} (blocks {chosen})"
     return new
 
 
-def freeze(model, embeddings: bool = True, blocks: int = 0, pooler: bool = False):
-    """Set requires_grad=False on the embeddings (if asked), the bottom ``blocks`` blocks and (if asked)
-    the pooler; everything else is made trainable. Returns the model."""
-    N = model.config.num_hidden_layers
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 <= blocks <= N:
-        raise InputError(f"freeze(blocks={blocks!r}): must be an int in [0, {N}] (the number of bottom blocks)")
-    model.unfreeze()
+def truncate(model: BertModel, k: int) -> BertModel:
+    """A new model with the first ``k`` blocks: its hidden states equal the first k + 1 of ``model``'s."""
+    check_index("truncate(k)", k, 1, model.config.num_hidden_layers, "blocks to keep")
+    return keep_blocks(model, range(k), what="truncate(k)")
+
+
+def freeze(model: BertModel, embeddings: bool = True, blocks: int = 0, pooler: bool = False) -> BertModel:
+    """Layer-wise fine-tuning: requires_grad=False on the embeddings (if asked), the bottom ``blocks``
+    blocks and (if asked) the pooler; everything else is made trainable. Returns the model."""
+    check_index("freeze(blocks)", blocks, 0, model.config.num_hidden_layers, "the number of bottom blocks")
+    unfreeze(model)
     frozen = [model.embeddings] if embeddings else []
     frozen += list(model.encoder.blocks[:blocks])
     if pooler and model.pooler is not None:
@@ -62,4 +64,11 @@ def freeze(model, embeddings: bool = True, blocks: int = 0, pooler: bool = False
     for module in frozen:
         for p in module.parameters():
             p.requires_grad_(False)
+    return model
+
+
+def unfreeze(model: BertModel) -> BertModel:
+    """Make every parameter trainable again."""
+    for p in model.parameters():
+        p.requires_grad_(True)
     return model

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .errors import InputError
+from ..errors import InputError
 
 
 # ------------------------------------------------------------------------------------------ selection

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .errors import InputError, MissingExtra
+from ..errors import InputError, MissingExtra
 
 
 def _pyplot():

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError, MissingExtra
+from ..errors import InputError, MissingExtra
+from ..tools import fast
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -118,6 +119,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # length-sorted batches
     chunks, index = [], []
     bar = progress_bar(len(sentences), "features", progress)
+    run = fast.prepare(model)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             ids = order[start:start + batch_size]
@@ -125,7 +127,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
             batch = tokenizer(list(texts), padding=True, truncation=True, return_offsets_mapping=True,
                               return_tensors="pt")
             offsets = batch.pop("offset_mapping")
-            hidden = torch.stack(model(**batch, fast=True).hidden_states).float()  # (L + 1, B, T, H)
+            hidden = torch.stack(run(**batch).hidden_states).float()  # (L + 1, B, T, H)
             for row, (sent, word_span) in enumerate(zip(ids, spans)):
                 pieces = _assign_pieces(offsets[row], batch["attention_mask"][row], word_span)
                 for w, positions in enumerate(pieces):

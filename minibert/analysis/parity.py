@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .errors import InputError, MissingExtra
+from ..errors import InputError, MissingExtra
 
 #: the built-in inputs: plain sentences, sentence pairs, very short and long texts, accents, numbers,
 #: punctuation and non-Latin script, batched so that padding is exercised
@@ -133,7 +133,7 @@ def load_transformers(source: str, dtype: torch.dtype):
     except ImportError:
         raise MissingExtra("comparing against transformers needs it installed: pip install 'minibert[parity]' "
                           "(or pip install transformers); --against compares two checkpoints without it") from None
-    from .loading import resolve_source
+    from ..loading import resolve_source
 
     path = resolve_source(source)
     import logging
@@ -218,13 +218,13 @@ def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", t
                tokenizer_source: str | None = None) -> ParityReport:
     """The ``minibert parity`` command as a function: ``model`` vs transformers on the same checkpoint, or
     ``model`` vs ``against``, both through minibert."""
-    from .loading import _parse_dtype
-    from .model import BertModel
-    from .tokenizer import BertTokenizer
+    from ..names import parse_dtype
+    from ..model import BertModel
+    from ..tokenizer import BertTokenizer
 
     if dtype not in DEFAULT_ATOL:
         raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(DEFAULT_ATOL)}")
-    torch_dtype = _parse_dtype(dtype)
+    torch_dtype = parse_dtype(dtype)
     atol = DEFAULT_ATOL[dtype] if atol is None else float(atol)
     tokenizer = BertTokenizer.from_pretrained(tokenizer_source or model)
     batches = make_batches(tokenizer, texts=texts) if texts is not None else make_batches(tokenizer)

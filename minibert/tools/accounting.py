@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import torch
 
-from .errors import InputError
+from ..config import BertConfig
+from ..inputs import check_index
+from ..model import BertModel
+
+
+#: a block's parts, named as its modules are (and as the hook points are)
+BLOCK_PARTS = ("attn.query", "attn.key", "attn.value", "attn.output", "attn_norm", "ffn.dense_in",
+               "ffn.dense_out", "ffn_norm")
 
 
 def _model_for(model_or_config):
-    from .config import BertConfig
-    from .model import BertModel
-
     if isinstance(model_or_config, BertConfig):
         with torch.device("meta"):  # shapes only, no memory
             return BertModel(model_or_config).eval()
@@ -35,7 +39,8 @@ def _numel(module) -> int:
 
 def parameter_counts(model_or_config) -> dict:
     """Parameters by component. Keys: embeddings.{word,position,token_type,norm}, embeddings,
-    blocks.{i} (and, for block 0, its parts attn.qkv, attn.output, attn_norm, ffn.in, ffn.out, output_norm),
+    blocks.{i} (and, for block 0, its parts as the model names them: block.attn.{query,key,value,output},
+    block.attn_norm, block.ffn.{dense_in,dense_out}, block.ffn_norm),
     blocks, pooler, total, non_embedding (blocks + pooler). A config is counted as BERT would build it."""
     model = _model_for(model_or_config)
     e = model.embeddings
@@ -47,14 +52,8 @@ def parameter_counts(model_or_config) -> dict:
     for i, block in enumerate(model.encoder.blocks):
         counts[f"blocks.{i}"] = _numel(block)
     if len(model.encoder.blocks):
-        b = model.encoder.blocks[0]
-        a = b.attention
-        counts.update({
-            "block.attn.qkv": _numel(a.query) + _numel(a.key) + _numel(a.value),
-            "block.attn.output": _numel(a.output), "block.attn_norm": _numel(b.attention_norm),
-            "block.ffn.in": _numel(b.feed_forward.dense_in), "block.ffn.out": _numel(b.feed_forward.dense_out),
-            "block.output_norm": _numel(b.output_norm),
-        })
+        block = model.encoder.blocks[0]
+        counts.update({f"block.{name}": _numel(block.get_submodule(name)) for name in BLOCK_PARTS})
     counts["blocks"] = _numel(model.encoder)
     counts["pooler"] = _numel(model.pooler) if model.pooler is not None else 0
     if getattr(model, "mlm_head", None) is not None:  # its decoder weight is the word embeddings (tied)
@@ -69,8 +68,7 @@ def flops_per_token(model_or_config, seq_len: int) -> dict:
     "pooler_per_sequence"}; total = dense + attention (the pooler runs once per sequence)."""
     model = _model_for(model_or_config)
     config = model.config
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= config.max_position_embeddings:
-        raise InputError(f"seq_len={seq_len!r} must be an int in [1, {config.max_position_embeddings}]")
+    check_index("seq_len", seq_len, 1, config.max_position_embeddings, "max_position_embeddings")
     dense = 2 * _numel(model.encoder)
     attention = 4 * len(model.encoder.blocks) * config.hidden_size * seq_len
     pooler = 2 * _numel(model.pooler) if model.pooler is not None else 0
@@ -137,7 +135,7 @@ def format_report(model_or_config, name: str = "model", lengths=(128, 512), batc
         row("  " + key, counts[key])
     row("embeddings", counts["embeddings"])
     if c.num_hidden_layers:
-        for key in ("attn.qkv", "attn.output", "attn_norm", "ffn.in", "ffn.out", "output_norm"):
+        for key in BLOCK_PARTS:
             row("  block." + key, counts["block." + key])
         row("each block", counts["blocks.0"])
     row(f"blocks (x{c.num_hidden_layers})", counts["blocks"])

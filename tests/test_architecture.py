@@ -1,0 +1,109 @@
+"""The layering of ARCHITECTURE.md, checked on the source: core < tools < analysis < fronts, no cycles,
+and model.py is BERT only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "minibert"
+RANK = {"core": 0, "tools": 1, "analysis": 2, "front": 3}
+FRONTS = {"minibert.cli", "minibert.testing", "minibert.__main__"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    if module in FRONTS:
+        return "front"
+    if module.startswith("minibert.tools"):
+        return "tools"
+    if module.startswith("minibert.analysis"):
+        return "analysis"
+    return "core"
+
+
+def imports_of(path: Path) -> set[str]:
+    """minibert modules imported anywhere in the file (top level or inside functions)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("minibert")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("minibert"):
+                continue
+            for alias in node.names:  # `from . import x` / `from .tools import fast` name modules too
+                candidate = f"{target}.{alias.name}"
+                found.add(candidate if (ROOT / Path(*candidate.split("."))).with_suffix(".py").exists()
+                          or (ROOT / Path(*candidate.split("."))).is_dir() else target)
+    return {m for m in found if m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = [f"{m} ({layer(m)}) imports {d} ({layer(d)})" for m, deps in graph().items() for d in deps
+           if RANK[layer(d)] > RANK[layer(m)]]
+    assert not bad, bad
+
+
+def test_the_core_never_imports_transformers():
+    for path in PACKAGE.glob("*.py"):
+        if module_name(path) in FRONTS:
+            continue
+        assert "transformers" not in {a.split(".")[0] for a in _all_imports(path)}, path
+
+
+def _all_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_no_import_cycles():
+    full = graph()
+    g = {m: {d for d in deps if d in full} for m, deps in full.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in g.get(m, ()):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in g:
+        if m not in state:
+            visit(m, [m])
+    # the package __init__ only re-exports lazily: leave it out of the cycles that matter
+    cycles = [c for c in cycles if "minibert" not in c]
+    assert not cycles, cycles
+
+
+def test_model_py_is_bert_only():
+    source = (PACKAGE / "model.py").read_text(encoding="utf-8")
+    for word in ("is_compiling", "fast=", "fast_forward", "import_module", "from .tools", "from .analysis"):
+        assert word not in source, word
+    assert len(source.splitlines()) <= 340
