@@ -3,21 +3,24 @@
 The package is layered (see ARCHITECTURE.md): the core (config, model, loading, tokenizer, inputs,
 hook points) knows nothing of ``minibert.tools`` (hooks and interventions, the fast path, surgery,
 accounting) or ``minibert.analysis`` (layers, probing, lens, plots, parity), which build on it.
+``minibert.BertModel`` is the textbook model of ``model.py`` with the tools as methods (``api.py``).
 
 Names are imported on first use, so that ``import minibert.cli`` (and ``minibert --help``) does not pay
-for importing torch. ``from minibert import layers`` (or hooks, fast, ...) still finds the modules that
-moved into those sub-packages; ``import minibert.layers`` says where they are now.
+for importing torch. The modules that moved into the sub-packages keep their old names too:
+``import minibert.fast`` is ``minibert.tools.fast``, ``from minibert import layers`` is
+``minibert.analysis.layers``.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.util
 import sys
 
 from .errors import CheckpointError, InputError, MissingExtra
 
-_LAZY = {"BertConfig": ".config", "BertModel": ".model", "BertOutput": ".model", "BertTokenizer": ".tokenizer"}
+_LAZY = {"BertConfig": ".config", "BertModel": ".api", "BertOutput": ".model", "BertTokenizer": ".tokenizer"}
 
 #: modules that moved into the sub-packages: old name -> new place
 MOVED = {"layers": "analysis.layers", "probing": "analysis.probing", "plots": "analysis.plots",
@@ -44,15 +47,26 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | set(MOVED))
 
 
+class _Alias(importlib.abc.Loader):
+    """Loads an old module name as the module that now holds it (the same object)."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module):
+        pass
+
+
 class _MovedModules(importlib.abc.MetaPathFinder):
-    """``import minibert.layers`` (an old path) fails with a message that names the new one."""
+    """``import minibert.fast`` (an old path) gives ``minibert.tools.fast``."""
 
     def find_spec(self, fullname, path=None, target=None):
         package, _, name = fullname.partition(".")
         if package == __name__ and name in MOVED:
-            raise ModuleNotFoundError(
-                f"{fullname} moved to {__name__}.{MOVED[name]}: write `from {__name__}.{MOVED[name].split('.')[0]} "
-                f"import {name}` (or `from {__name__} import {name}`, which still works)", name=fullname)
+            return importlib.util.spec_from_loader(fullname, _Alias(f"{__name__}.{MOVED[name]}"))
         return None
 
 

@@ -10,7 +10,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "minibert"
 RANK = {"core": 0, "tools": 1, "analysis": 2, "front": 3}
-FRONTS = {"minibert.cli", "minibert.testing", "minibert.__main__"}
+FRONTS = {"minibert.cli", "minibert.testing", "minibert.api", "minibert.__main__"}
 
 
 def module_name(path: Path) -> str:
@@ -107,3 +107,30 @@ def test_model_py_is_bert_only():
     for word in ("is_compiling", "fast=", "fast_forward", "import_module", "from .tools", "from .analysis"):
         assert word not in source, word
     assert len(source.splitlines()) <= 340
+
+
+def test_the_old_api_still_works(minilm_dir):
+    """Code written before the reshaping: methods on the model, fast=True, the old module paths."""
+    import torch
+
+    import minibert.fast
+    import minibert.hooks
+    from minibert import BertModel, BertTokenizer, layers
+    from minibert.model import BertModel as TextbookBertModel
+
+    assert minibert.fast.prepare is __import__("minibert.tools.fast", fromlist=["x"]).prepare
+    assert layers.__name__ == "minibert.analysis.layers" and minibert.hooks.point_table
+    model, tok = BertModel.from_pretrained(minilm_dir), BertTokenizer.from_pretrained(minilm_dir)
+    assert isinstance(model, TextbookBertModel)
+    batch = dict(tok(["Where is the bank?", "Hi!"], padding=True, return_tensors="pt"))
+    with torch.inference_mode():
+        plain = model(**batch)
+        quick = model(**batch, fast=True)
+        assert (plain.last_hidden_state - quick.last_hidden_state)[batch["attention_mask"].bool()].abs().max() < 1e-4
+        out, cache = model.run_with_cache(**batch, names="blocks.0.output")
+        assert torch.equal(cache["blocks.0.output"], out.hidden_states[1])
+        with model.ablate_heads({0: [1]}):
+            assert not torch.equal(model(**batch).last_hidden_state, plain.last_hidden_state)
+    assert model.keep_blocks([0, 2]).config.num_hidden_layers == 2
+    assert model.parameter_counts()["total"] == sum(p.numel() for p in model.parameters())
+    assert len(model.hook_point_names()) == 96 and not model.has_hooks()

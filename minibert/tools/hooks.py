@@ -12,8 +12,9 @@ of the same shape (which replaces the activation from then on). A hook at ``attn
 and probabilities), exactly as ``output_attentions=True`` does; that path differs from the fused one by
 rounding only (~2e-6 on all-MiniLM-L6-v2's hidden states).
 
-The points, their shapes and how they relate to transformers' outputs and TransformerLens' names
-(B = batch, T = tokens, H = hidden, h = heads, d = H / h, F = intermediate size, i = block index):
+``EMBEDDING_POINTS``, ``BLOCK_POINTS`` and ``POOLER_POINTS`` below list the points, their shapes and how
+they relate to transformers' outputs and TransformerLens' names (B = batch, T = tokens, H = hidden,
+h = heads, d = H / h, F = intermediate size, i = block index); README's table is made from them.
 """
 
 from __future__ import annotations
