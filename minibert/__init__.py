@@ -20,15 +20,17 @@ import sys
 
 from .errors import CheckpointError, InputError, MissingExtra
 
-_LAZY = {"BertConfig": ".config", "BertModel": ".api", "BertOutput": ".model", "BertTokenizer": ".tokenizer"}
+_LAZY = {"BertConfig": ".config", "BertModel": ".api", "BertOutput": ".model", "BertTokenizer": ".tokenizer",
+         "BertForSequenceClassification": ".heads", "BertForTokenClassification": ".heads",
+         "BertForQuestionAnswering": ".heads"}
 
 #: modules that moved into the sub-packages: old name -> new place
 MOVED = {"layers": "analysis.layers", "probing": "analysis.probing", "plots": "analysis.plots",
          "lens": "analysis.lens", "parity": "analysis.parity", "hooks": "tools.hooks", "fast": "tools.fast",
          "surgery": "tools.surgery", "accounting": "tools.accounting"}
 
-__all__ = ["BertConfig", "BertModel", "BertOutput", "BertTokenizer", "CheckpointError", "InputError",
-           "MissingExtra"]
+__all__ = ["BertConfig", "BertModel", "BertOutput", "BertTokenizer", "BertForSequenceClassification",
+           "BertForTokenClassification", "BertForQuestionAnswering", "CheckpointError", "InputError", "MissingExtra"]
 __version__ = "0.1.0"
 
 

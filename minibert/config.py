@@ -19,6 +19,9 @@ from .activations import ACTIVATIONS
 from .errors import InputError
 from .names import PRESETS, preset_name
 
+#: transformers' problem types for sequence classification (the loss each implies: heads.py)
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
 @dataclass
 class BertConfig:
     vocab_size: int = 30522  # rows of the word-embedding table (WordPiece vocabulary size)
@@ -34,6 +37,10 @@ class BertConfig:
     layer_norm_eps: float = 1e-12  # epsilon of every LayerNorm; 1e-12 in all official checkpoints
     pad_token_id: int = 0  # id of [PAD]; kept for the tokenizer and for writing config.json
     position_embedding_type: str = "absolute"  # the only kind minibert implements
+    # task heads (minibert/heads.py) only; the encoder never reads these
+    id2label: dict[int, str] | None = None  # class index -> name; its length is num_labels (1 = regression)
+    problem_type: str | None = None  # None (inferred from labels), or one of PROBLEM_TYPES
+    classifier_dropout: float | None = None  # dropout before a classifier head; None = hidden_dropout_prob
 
     def __post_init__(self) -> None:
         self.validate()
@@ -64,9 +71,25 @@ class BertConfig:
                 raise InputError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
         if not float(self.layer_norm_eps) > 0:
             raise InputError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if self.id2label is not None:
+            if not self.id2label or sorted(self.id2label) != list(range(len(self.id2label))):
+                raise InputError(f"BertConfig.id2label must map 0..num_labels-1 to names, got {self.id2label!r}")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise InputError(f"BertConfig.problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        if self.classifier_dropout is not None and not 0.0 <= float(self.classifier_dropout) < 1.0:
+            raise InputError(f"BertConfig.classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise InputError(
                 f"BertConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})")
+
+    @property
+    def num_labels(self) -> int | None:
+        """Classes of a task head (1 = regression); None for an encoder without labels."""
+        return None if self.id2label is None else len(self.id2label)
+
+    @property
+    def label2id(self) -> dict[str, int] | None:
+        return None if self.id2label is None else {name: i for i, name in self.id2label.items()}
 
     @property
     def head_size(self) -> int:
@@ -85,6 +108,13 @@ class BertConfig:
             data["pad_token_id"] = 0
         if data.get("model_type", "bert") != "bert":
             raise InputError(f"config.json has model_type {data['model_type']!r}; minibert loads 'bert' only")
+        if isinstance(data.get("id2label"), dict):  # JSON keys are strings
+            try:
+                data["id2label"] = {int(k): str(v) for k, v in data["id2label"].items()}
+            except ValueError:
+                raise InputError(f"config.json's id2label keys must be integers, got {list(data['id2label'])}") from None
+        elif isinstance(data.get("num_labels"), int):
+            data["id2label"] = {i: f"LABEL_{i}" for i in range(data["num_labels"])}
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 
@@ -96,6 +126,12 @@ class BertConfig:
         """config.json content that transformers' BertModel reads back to the same model."""
         data = {"architectures": ["BertModel"], "model_type": "bert"}
         data.update(dataclasses.asdict(self))
+        for key in ("id2label", "problem_type", "classifier_dropout"):  # task fields only when set
+            if data[key] is None:
+                del data[key]
+        if self.id2label is not None:
+            data["id2label"] = {str(i): name for i, name in self.id2label.items()}
+            data["label2id"] = self.label2id
         return data
 
     def to_json_file(self, path: str | os.PathLike, architectures: tuple[str, ...] = ("BertModel",)) -> None:

@@ -261,41 +261,91 @@ def load_model(cls, source, *, revision=None, dtype=None, device=None, mlm_head=
     tensors = read_checkpoint(weight_files)
     state, has_pooler, has_head, skipped = match_checkpoint(config, tensors, where=str(path), mlm_head=mlm_head)
     del tensors
+    with torch.device("meta"):  # no memory, no random init: every parameter is assigned below
+        model = cls(config, add_pooler=has_pooler, add_mlm_head=has_head)
+    return _take(model, state, dtype, device, path, skipped)
 
+
+def head_map(config: BertConfig, prefix: str, attribute: str, out_features: int):
+    """A task head's tensors as (checkpoint name, our name, shape): ``classifier.*`` or ``qa_outputs.*``."""
+    H = config.hidden_size
+    return [(f"{prefix}.weight", f"{attribute}.weight", (out_features, H)),
+            (f"{prefix}.bias", f"{attribute}.bias", (out_features,))]
+
+
+def load_task_model(cls, source, *, revision=None, dtype=None, device=None):
+    """A fine-tuned checkpoint (transformers' BertFor... layout): ``bert.*`` encoder and the head."""
+    path = resolve_source(source, revision=revision)
+    config_path, weight_files = find_checkpoint(path)
+    config = BertConfig.from_json_file(config_path)
+    if config.num_labels is None:
+        raise CheckpointError(f"{config_path} has no id2label/num_labels: it is not a fine-tuned {cls.__name__} "
+                              f"checkpoint. To fine-tune from an encoder, use {cls.__name__}.from_encoder(...)")
+    tensors = read_checkpoint(weight_files)
+    out_features = 2 if cls.checkpoint_head == "qa_outputs" else config.num_labels
+    head = {}
+    for theirs, ours, shape in head_map(config, cls.checkpoint_head, cls.head_attribute, out_features):
+        tensor = tensors.pop(theirs, None)
+        if tensor is None:
+            raise CheckpointError(f"{path} has no {theirs}: it is not a {cls.__name__} checkpoint (it holds "
+                                  f"{_shorten(sorted(n for n in tensors if not n.startswith(('bert.', 'encoder.'))), 4) or 'an encoder only'}). "
+                                  f"To fine-tune from an encoder, use {cls.__name__}.from_encoder(...)")
+        if tuple(tensor.shape) != shape:
+            raise CheckpointError(f"{path}: {theirs} has shape {tuple(tensor.shape)}, config.json says {shape} "
+                                  f"({out_features} outputs)")
+        head[ours] = tensor
+    state, has_pooler, _, skipped = match_checkpoint(config, tensors, where=str(path), mlm_head=False)
+    del tensors
+    if cls.needs_pooler and not has_pooler:
+        raise CheckpointError(f"{path} has no pooler, which {cls.__name__} classifies")
+    with torch.device("meta"):
+        model = cls(config, add_pooler=has_pooler)
+    state = {f"bert.{name}": tensor for name, tensor in state.items()} | head
+    return _take(model, state, dtype, device, path, skipped)
+
+
+def _take(model, state, dtype, device, path, skipped):
+    """Give a meta-device model the checkpoint's tensors (converted when a dtype or device is asked)."""
     dtype = parse_dtype(dtype)
     if dtype is not None:
         from .hardware import warn_if_slow
 
         warn_if_slow(dtype, device, stacklevel=4)  # points at the caller of from_pretrained
-    with torch.device("meta"):  # no memory, no random init: every parameter is assigned below
-        model = cls(config, add_pooler=has_pooler, add_mlm_head=has_head)
     for name, tensor in state.items():
         target_dtype = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
         state[name] = tensor.to(device=device, dtype=target_dtype)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()  # like transformers: a loaded model starts in inference mode (dropout off)
     model.source = str(path)
-    model.skipped_tensors = skipped  # what the checkpoint held beyond the encoder, e.g. cls.* heads
+    model.skipped_tensors = skipped  # what the checkpoint held beyond the model, e.g. cls.* heads
     return model
 
 
 # ----------------------------------------------------------------------------------------- saving
 def save_model(model, directory) -> None:
-    """config.json + model.safetensors in transformers' BertModel layout, or, with a masked-LM head,
-    BertForMaskedLM's (encoder names prefixed ``bert.``, head under ``cls.predictions.``)."""
+    """config.json + model.safetensors in transformers' layout: BertModel's; BertForMaskedLM's with a
+    masked-LM head (encoder names prefixed ``bert.``, head under ``cls.predictions.``); a task model's
+    (``bert.*`` and ``classifier.*`` / ``qa_outputs.*``) for the classes of heads.py."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     params = dict(model.named_parameters())
-    head = getattr(model, "mlm_head", None) is not None
+    task = hasattr(model, "checkpoint_head")
+    encoder = model.bert if task else model
+    mlm = getattr(encoder, "mlm_head", None) is not None
+    rows = [(f"bert.{theirs}" if (mlm or task) and not theirs.startswith("cls.") else theirs,
+             f"bert.{ours}" if task else ours, shape)
+            for theirs, ours, shape in tensor_map(encoder.config, with_pooler=encoder.pooler is not None,
+                                                  with_mlm_head=mlm)]
+    if task:
+        rows += head_map(model.config, model.checkpoint_head, model.head_attribute, model.head_out_features())
     state = {}
-    for theirs, ours, shape in tensor_map(model.config, with_pooler=model.pooler is not None, with_mlm_head=head):
+    for theirs, ours, shape in rows:
         tensor = params.pop(ours)
         assert tuple(tensor.shape) == shape, (ours, tuple(tensor.shape), shape)
-        name = f"bert.{theirs}" if head and not theirs.startswith("cls.") else theirs
-        state[name] = tensor.detach().to("cpu").contiguous()
+        state[theirs] = tensor.detach().to("cpu").contiguous()
     assert not params, f"parameters with no checkpoint name: {sorted(params)}"
-    model.config.to_json_file(directory / "config.json",  # tell transformers which class the file holds
-                              architectures=("BertForMaskedLM",) if head else ("BertModel",))
+    architecture = type(model).__name__ if task else ("BertForMaskedLM" if mlm else "BertModel")
+    model.config.to_json_file(directory / "config.json", architectures=(architecture,))  # which class it is
     save_file(state, directory / WEIGHT_FILE, metadata={"format": "pt"})
