@@ -1,0 +1,227 @@
+"""Fine-tuning, as a reader can follow it: one function, ``fit``, and the three pieces it is made of.
+
+    for each epoch:
+        for each batch:                         (gradient accumulation: every ``accumulate`` batches)
+            loss = model(**batch).loss / accumulate
+            loss.backward()
+            clip the gradient norm, optimizer step (AdamW), learning-rate step (warmup, then linear decay)
+        evaluate; keep the best checkpoint; write metrics.json
+
+* ``parameter_groups``: AdamW with weight decay on weights only -- biases and LayerNorm parameters are
+  not decayed (as BERT was trained) -- and, optionally, layer-wise learning-rate decay (each block's rate
+  times ``decay ** depth from the top``; embeddings deepest).
+* ``warmup_then_linear_decay``: the learning-rate schedule of the BERT paper.
+* ``fit``: the loop above, seeded (deterministic on CPU), with a tqdm bar showing loss and throughput
+  when tqdm is installed, and mixed precision (bf16 autocast, fp32 master weights) as an option.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..errors import InputError
+
+
+# -------------------------------------------------------------------------------- optimiser pieces
+def _no_decay(name: str, param: nn.Parameter) -> bool:
+    """Biases and LayerNorm weights are not decayed: 1-D parameters are exactly those in BERT."""
+    return param.dim() == 1
+
+
+def _depth_from_top(name: str, num_blocks: int) -> int:
+    """0 for the head and the pooler, 1 for the top block, ..., num_blocks for block 0, num_blocks + 1
+    for the embeddings."""
+    parts = name.split(".")
+    if "embeddings" in parts:
+        return num_blocks + 1
+    if "blocks" in parts:
+        return num_blocks - int(parts[parts.index("blocks") + 1])
+    return 0
+
+
+def parameter_groups(model: nn.Module, *, lr: float, weight_decay: float = 0.01,
+                     layer_decay: float | None = None) -> list[dict]:
+    """AdamW parameter groups over the trainable parameters: ``weight_decay`` for weights, none for
+    biases and LayerNorms; with ``layer_decay``, learning rate ``lr * layer_decay ** depth`` (depth from the
+    top, see ``_depth_from_top``)."""
+    num_blocks = _num_blocks(model)
+    groups: dict[tuple, dict] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        decay = 0.0 if _no_decay(name, param) else weight_decay
+        scale = 1.0 if layer_decay is None else layer_decay ** _depth_from_top(name, num_blocks)
+        group = groups.setdefault((decay, scale), {"params": [], "weight_decay": decay, "lr": lr * scale,
+                                                   "names": []})
+        group["params"].append(param)
+        group["names"].append(name)
+    if not groups:
+        raise InputError("the model has no trainable parameter (everything is frozen)")
+    return list(groups.values())
+
+
+def _num_blocks(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    return getattr(config, "num_hidden_layers", 0)
+
+
+def warmup_then_linear_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
+    """Learning rate from 0 up to its value over ``warmup_steps``, then linearly down to 0 at
+    ``total_steps`` (transformers' ``get_linear_schedule_with_warmup``)."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ------------------------------------------------------------------------------------------- the loop
+@dataclass
+class FitConfig:
+    epochs: int = 3
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    layer_decay: float | None = None  # layer-wise learning-rate decay (e.g. 0.9); None = off
+    warmup_ratio: float = 0.1  # share of the optimisation steps spent warming up
+    accumulate: int = 1  # batches per optimisation step
+    max_grad_norm: float | None = 1.0  # gradient clipping; None = off
+    seed: int = 0
+    bf16: bool = False  # autocast to bf16 for forward and backward; the weights stay fp32
+    progress: bool = True
+
+    def check(self) -> None:
+        for name in ("epochs", "accumulate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name}={value!r} must be a positive int")
+        if not self.lr > 0:
+            raise InputError(f"lr={self.lr!r} must be > 0")
+        if not 0 <= self.warmup_ratio < 1:
+            raise InputError(f"warmup_ratio={self.warmup_ratio!r} must be in [0, 1)")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise InputError(f"layer_decay={self.layer_decay!r} must be in (0, 1]")
+
+
+@dataclass
+class History:
+    epochs: list[dict] = field(default_factory=list)  # per epoch: train_loss, metrics, seconds, examples/s
+    best_epoch: int | None = None
+    best_metric: float | None = None
+
+    def to_json(self, path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, config: FitConfig = FitConfig(),
+        evaluate: Callable[[nn.Module], dict] | None = None, metric: str | None = None,
+        out_dir=None, on_epoch_start: Callable[[nn.Module, int], None] | None = None,
+        steps_per_epoch: int | None = None) -> History:
+    """Fine-tune ``model`` (a module whose forward takes a batch dict and returns ``.loss``).
+
+    ``train_batches(epoch)`` yields the batches of one epoch (shuffled by the caller, e.g. seeded by the
+    epoch). ``evaluate(model)`` returns metrics after each epoch; ``metric`` names the one to maximise for
+    the best checkpoint, which is saved to ``out_dir`` (``model.save_pretrained``) with ``metrics.json``.
+    ``on_epoch_start(model, epoch)`` lets a recipe change what is trainable (gradual unfreezing).
+    """
+    config.check()
+    seed_everything(config.seed)
+    if steps_per_epoch is None:
+        steps_per_epoch = math.ceil(sum(1 for _ in train_batches(0)) / config.accumulate)
+    total_steps = steps_per_epoch * config.epochs
+    history = History()
+    out_dir = Path(out_dir) if out_dir is not None else None
+    optimizer = scheduler = None
+    trainable_before = None
+    step = 0
+    for epoch in range(config.epochs):
+        if on_epoch_start is not None:
+            on_epoch_start(model, epoch)
+        trainable = tuple(p.requires_grad for p in model.parameters())
+        if trainable != trainable_before:  # the first epoch, or a recipe unfroze something: new groups
+            previous = optimizer.state if optimizer is not None else {}
+            optimizer = torch.optim.AdamW(parameter_groups(model, lr=config.lr, weight_decay=config.weight_decay,
+                                                           layer_decay=config.layer_decay), lr=config.lr)
+            for group in optimizer.param_groups:  # parameters trained before keep their AdamW moments
+                for p in group["params"]:
+                    if p in previous:
+                        optimizer.state[p] = previous[p]
+            for group in optimizer.param_groups:
+                group["initial_lr"] = group["lr"]
+            scheduler = warmup_then_linear_decay(optimizer, int(config.warmup_ratio * total_steps), total_steps)
+            for _ in range(step):  # continue the schedule where it was
+                scheduler.step()
+            trainable_before = trainable
+        model.train()
+        started, seen, total_loss, batches = time.perf_counter(), 0, 0.0, 0
+        bar = _bar(steps_per_epoch * config.accumulate, f"epoch {epoch + 1}/{config.epochs}", config.progress)
+        optimizer.zero_grad(set_to_none=True)
+        for i, batch in enumerate(train_batches(epoch)):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+                loss = model(**batch).loss
+            (loss.float() / config.accumulate).backward()
+            total_loss += float(loss.detach())
+            batches += 1
+            seen += len(batch["input_ids"])
+            if (i + 1) % config.accumulate == 0:
+                _step(model, optimizer, scheduler, config)
+                step += 1
+            bar.update(1)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{total_loss / batches:.4f}", ex_s=f"{seen / (time.perf_counter() - started):.1f}")
+        if batches % config.accumulate:  # a last, partial accumulation
+            _step(model, optimizer, scheduler, config)
+            step += 1
+        bar.close()
+        seconds = time.perf_counter() - started
+        record = {"epoch": epoch + 1, "train_loss": total_loss / max(1, batches), "seconds": seconds,
+                  "examples_per_second": seen / seconds if seconds else 0.0}
+        if evaluate is not None:
+            model.eval()
+            with torch.no_grad():
+                record["eval"] = evaluate(model)
+            if metric is not None:
+                value = record["eval"][metric]
+                if history.best_metric is None or value > history.best_metric:
+                    history.best_metric, history.best_epoch = value, epoch + 1
+                    if out_dir is not None:
+                        model.save_pretrained(out_dir)
+        history.epochs.append(record)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if evaluate is None or metric is None:  # no metric to choose by: keep the last
+                model.save_pretrained(out_dir)
+            history.to_json(out_dir / "metrics.json")
+    model.eval()
+    return history
+
+
+def _step(model, optimizer, scheduler, config: FitConfig) -> None:
+    if config.max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    from ..analysis.probing import progress_bar
+
+    bar = progress_bar(total, desc, enabled)
+    if hasattr(bar, "unit"):
+        bar.unit = "batch"
+    return bar
