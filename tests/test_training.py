@@ -156,3 +156,100 @@ def test_fit_learns_a_toy_task_deterministically_and_keeps_the_best(tiny_dir, tm
     assert saved["best_epoch"] == ha.best_epoch and len(saved["epochs"]) == 8
     best = BertForSequenceClassification.from_pretrained(tmp_path / "a")
     assert accuracy(best)["accuracy"] == ha.best_metric
+
+
+# ------------------------------------------------------------------------------------------- recipes
+def test_gradual_unfreezing_opens_one_block_per_stage(tiny_dir):
+    from minibert.training.recipes import gradual_unfreezing
+
+    model = BertForSequenceClassification.from_pretrained(tiny_dir)
+    step = gradual_unfreezing(every=2)
+
+    def trains(part):
+        return all(p.requires_grad for p in part.parameters())
+
+    blocks = model.bert.encoder.blocks
+    step(model, 0)
+    assert trains(model.classifier) and trains(model.bert.pooler)
+    assert not any(trains(b) for b in blocks) and not trains(model.bert.embeddings)
+    step(model, 2)
+    assert trains(blocks[1]) and not trains(blocks[0]) and not trains(model.bert.embeddings)
+    step(model, 4)
+    assert trains(blocks[0]) and not trains(model.bert.embeddings)
+    step(model, 6)
+    assert trains(model.bert.embeddings)
+
+
+def test_gradual_unfreezing_inside_fit_keeps_frozen_parts_fixed(tiny_dir):
+    from minibert.training.recipes import gradual_unfreezing
+
+    tok = BertTokenizer.from_pretrained(tiny_dir)
+    texts, labels = toy_task(16)
+    model = BertForSequenceClassification.from_encoder(tiny_dir, labels=["bad", "good"], seed=0)
+    block0 = model.bert.encoder.blocks[0].attn.query.weight.detach().clone()
+    block1 = model.bert.encoder.blocks[1].attn.query.weight.detach().clone()
+    batches = classification_batches(tok, texts, labels, batch_size=8, max_length=16)
+    fit(model, batches, config=FitConfig(epochs=2, lr=1e-2, progress=False), on_epoch_start=gradual_unfreezing())
+    assert torch.equal(model.bert.encoder.blocks[0].attn.query.weight, block0)  # never opened in 2 epochs
+    assert not torch.equal(model.bert.encoder.blocks[1].attn.query.weight, block1)  # opened in epoch 2
+
+
+def test_lora_starts_exact_trains_little_and_merges(tiny_dir, tmp_path):
+    from minibert.training.lora import adapter_state, apply_lora, merge_lora, trainable_share
+
+    model = BertForSequenceClassification.from_pretrained(tiny_dir)
+    batch = a_batch(tiny_dir)
+    with torch.no_grad():
+        before = model(**batch).logits
+    apply_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, before)  # B = 0: the same function at the start
+    assert 0 < trainable_share(model) < 0.1
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n in trainable if "lora_" in n or n.startswith("classifier.")}
+    texts, labels = toy_task(16)
+    tok = BertTokenizer.from_pretrained(tiny_dir)
+    fit(model, classification_batches(tok, texts, labels, batch_size=8, max_length=16),
+        config=FitConfig(epochs=2, lr=1e-2, progress=False))
+    model.eval()
+    with torch.no_grad():
+        adapted = model(**batch).logits
+    assert not torch.allclose(adapted, before)
+    assert all("lora_" in n or n.startswith("classifier.") for n in adapter_state(model))
+    merge_lora(model)
+    with torch.no_grad():
+        assert (model(**batch).logits - adapted).abs().max() <= 1e-5  # merging changes nothing
+    model.save_pretrained(tmp_path)  # plain Linear layers again: a transformers checkpoint
+    theirs = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert (theirs(**batch).logits - adapted).abs().max() <= 1e-5
+    with pytest.raises(InputError, match="targets"):
+        apply_lora(BertForSequenceClassification.from_pretrained(tiny_dir), targets=("nonsense",))
+
+
+def test_lora_forward_equals_peft(tiny_dir):
+    """peft (if installed) computes the same adapted function from the same A and B."""
+    peft = pytest.importorskip("peft")
+    from minibert.training.lora import apply_lora
+
+    ours = BertForSequenceClassification.from_pretrained(tiny_dir)
+    theirs = transformers.BertForSequenceClassification.from_pretrained(tiny_dir).eval()
+    apply_lora(ours, r=4, alpha=8)
+    theirs = peft.get_peft_model(theirs, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"],
+                                                         lora_dropout=0.0)).eval()
+    torch.manual_seed(0)
+    for i, block in enumerate(ours.bert.encoder.blocks):
+        for target in ("query", "value"):
+            mine = getattr(block.attn, target)
+            with torch.no_grad():
+                mine.lora_B.normal_()
+            layer = theirs.base_model.model.bert.encoder.layer[i].attention.self
+            peft_layer = getattr(layer, target)
+            with torch.no_grad():
+                peft_layer.lora_A["default"].weight.copy_(mine.lora_A)
+                peft_layer.lora_B["default"].weight.copy_(mine.lora_B)
+    ours.eval()
+    batch = a_batch(tiny_dir)
+    batch.pop("labels")
+    with torch.no_grad():
+        assert (ours(**batch).logits - theirs(**batch).logits).abs().max() <= 1e-5

@@ -74,15 +74,20 @@ def _num_blocks(model: nn.Module) -> int:
     return getattr(config, "num_hidden_layers", 0)
 
 
-def warmup_then_linear_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
+def warmup_then_linear_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+                             done_steps: int = 0):
     """Learning rate from 0 up to its value over ``warmup_steps``, then linearly down to 0 at
-    ``total_steps`` (transformers' ``get_linear_schedule_with_warmup``)."""
+    ``total_steps`` (transformers' ``get_linear_schedule_with_warmup``); ``done_steps`` continues a
+    schedule (the optimizer's groups need ``initial_lr``)."""
     def factor(step: int) -> float:
         if step < warmup_steps:
             return step / max(1, warmup_steps)
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if done_steps:
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=done_steps - 1)
 
 
 # ------------------------------------------------------------------------------------------- the loop
@@ -160,11 +165,8 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
                 for p in group["params"]:
                     if p in previous:
                         optimizer.state[p] = previous[p]
-            for group in optimizer.param_groups:
-                group["initial_lr"] = group["lr"]
-            scheduler = warmup_then_linear_decay(optimizer, int(config.warmup_ratio * total_steps), total_steps)
-            for _ in range(step):  # continue the schedule where it was
-                scheduler.step()
+            scheduler = warmup_then_linear_decay(optimizer, int(config.warmup_ratio * total_steps), total_steps,
+                                                 done_steps=step)  # continue the schedule where it was
             trainable_before = trainable
         model.train()
         started, seen, total_loss, batches = time.perf_counter(), 0, 0.0, 0
