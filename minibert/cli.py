@@ -7,6 +7,8 @@
     minibert inspect [--model M] [--batch 8] [--lengths 128,512]
     minibert parity --model M [--against B] [--dtype fp32|bf16|fp16] [--texts FILE] [--json out.json] [--atol X]
     minibert fill "The capital of France is [MASK]." [--model M] [--top-k 5] [--lens] [--plot lens.png]
+    minibert finetune --train train.csv --eval test.csv --model M --out DIR [--task classify|regress|tag] ...
+    minibert predict DIR texts.txt
 
 ``parity`` exits 1 when a layer differs by more than the tolerance (the table names the first one).
 
@@ -336,6 +338,46 @@ def cmd_fill(args) -> int:
     return 0
 
 
+def cmd_finetune(args) -> int:
+    from .training.loop import FitConfig
+    from .training.tasks import finetune
+
+    if args.lr <= 0:
+        raise InputError(f"--lr must be > 0, got {args.lr}")
+    config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
+    history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
+                       pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
+                       recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length)
+    print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: checkpoint, tokenizer, "
+          "metrics.json")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from .config import read_json_object
+    from .heads import TASK_CLASSES
+    from .tokenizer import BertTokenizer
+    from .training.data import tag_words
+
+    architectures = read_json_object(Path(args.checkpoint) / "config.json").get("architectures") or []
+    kind = next((a for a in architectures if a in TASK_CLASSES), None)
+    if kind is None or kind == "BertForQuestionAnswering":
+        raise InputError(f"{args.checkpoint} is not a fine-tuned classifier or tagger (architectures: "
+                         f"{architectures}); `minibert predict` takes what `minibert finetune` writes")
+    texts = [line for line in read_lines(args.texts) if line.strip()]
+    if not texts:
+        raise InputError(f"{args.texts} has no non-empty lines")
+    model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
+    tokenizer = BertTokenizer.from_pretrained(args.checkpoint)
+    if kind == "BertForTokenClassification":
+        for text, tags in zip(texts, tag_words(model, tokenizer, [t.split() for t in texts])):
+            print(" ".join(f"{w}/{t}" for w, t in zip(text.split(), tags)))
+        return 0
+    for text, p in zip(texts, model.predict(texts, tokenizer=tokenizer)):
+        print(f"{p['label']}\t{p['score']:.4f}\t{text}" if "label" in p else f"{p['score']:.4f}\t{text}")
+    return 0
+
+
 PLOT_FORMATS = ".png (150 dpi), .svg or .pdf; no suffix: .png"
 
 
@@ -430,6 +472,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write the logit-lens plot to this file (" + PLOT_FORMATS + "; implies --lens)")
     _max_length_option(p)
     p.set_defaults(func=cmd_fill)
+
+    p = sub.add_parser("finetune", help="fine-tune a task head (and the encoder) on a labelled file")
+    p.add_argument("--train", required=True, help=".csv / .tsv / .jsonl (classify, regress) or .conllu / BIO file (tag)")
+    p.add_argument("--eval", required=True, help="held-out data in the same format, evaluated after each epoch")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--out", required=True, help="directory for the best checkpoint, its tokenizer and metrics.json")
+    p.add_argument("--task", choices=["classify", "regress", "tag"], default="classify")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--text-pair-column", help="a second text per row (sentence pairs)")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--tag-column", default="upos", help="CoNLL-U column with the tags (--task tag)")
+    p.add_argument("--recipe", choices=["full", "gradual", "llrd", "lora"], default="full")
+    p.add_argument("--epochs", type=_positive_int, default=3)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-length", type=_positive_int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model")
+    p.add_argument("checkpoint", help="a directory written by `minibert finetune`")
+    p.add_argument("texts", help="a UTF-8 text file, one text per line")
+    p.set_defaults(func=cmd_predict)
     return parser
 
 

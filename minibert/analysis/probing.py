@@ -129,7 +129,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
             offsets = batch.pop("offset_mapping")
             hidden = torch.stack(run(**batch).hidden_states).float()  # (L + 1, B, T, H)
             for row, (sent, word_span) in enumerate(zip(ids, spans)):
-                pieces = _assign_pieces(offsets[row], batch["attention_mask"][row], word_span)
+                pieces = assign_pieces(offsets[row], batch["attention_mask"][row], word_span)
                 for w, positions in enumerate(pieces):
                     if not positions:
                         continue
@@ -145,7 +145,7 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
     return features[:, order_back], [index[k] for k in order_back]
 
 
-def _assign_pieces(offsets, mask, spans):
+def assign_pieces(offsets, mask, spans):
     """Token positions of each word: a token belongs to the word whose span contains its start."""
     pieces = [[] for _ in spans]
     w = 0

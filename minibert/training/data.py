@@ -36,3 +36,61 @@ def classification_batches(tokenizer, texts: Sequence[str], labels: Sequence, *,
             yield batch
 
     return batches
+
+
+def tagging_batches(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[str]],
+                    label2id: dict[str, int], *, batch_size: int = 16, max_length: int | None = 128,
+                    shuffle: bool = True, seed: int = 0) -> Callable[[int], Iterator[dict]]:
+    """``batches(epoch)`` for token classification: each word's first sub-word carries its tag's id,
+    every other position (later pieces, special tokens, padding) -100, which the loss ignores."""
+    from ..analysis.probing import assign_pieces, word_spans
+
+    if len(sentences) != len(tags) or any(len(w) != len(t) for w, t in zip(sentences, tags)):
+        raise InputError("sentences and tags must have the same lengths, sentence by sentence")
+    unknown = sorted({t for row in tags for t in row} - set(label2id))
+    if unknown:
+        raise InputError(f"tags {unknown[:5]} are not among the model's labels {sorted(label2id)}")
+    if not sentences:
+        raise InputError("no training sentences")
+
+    def batches(epoch: int) -> Iterator[dict]:
+        order = list(range(len(sentences)))
+        if shuffle:
+            random.Random(seed + epoch).shuffle(order)
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            texts, spans = zip(*(word_spans(list(sentences[i])) for i in rows))
+            batch = dict(tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
+                                   return_offsets_mapping=True, return_tensors="pt"))
+            offsets = batch.pop("offset_mapping")
+            labels = torch.full(batch["input_ids"].shape, -100, dtype=torch.long)
+            for r, (i, span) in enumerate(zip(rows, spans)):
+                for w, pieces in enumerate(assign_pieces(offsets[r], batch["attention_mask"][r], span)):
+                    if pieces:
+                        labels[r, pieces[0]] = label2id[tags[i][w]]
+            batch["labels"] = labels
+            yield batch
+
+    return batches
+
+
+def tag_words(model, tokenizer, sentences: Sequence[Sequence[str]], *, batch_size: int = 32,
+              max_length: int | None = 128) -> list[list[str]]:
+    """Each word's predicted tag (from its first sub-word); words cut off by truncation get "O"."""
+    from ..analysis.probing import assign_pieces, word_spans
+
+    names = model.config.id2label
+    out = []
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(sentences), batch_size):
+            chunk = [list(s) for s in sentences[start:start + batch_size]]
+            texts, spans = zip(*(word_spans(s) for s in chunk))
+            batch = dict(tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
+                                   return_offsets_mapping=True, return_tensors="pt"))
+            offsets = batch.pop("offset_mapping")
+            best = model(**batch).logits.argmax(-1)  # (B, T)
+            for r, span in enumerate(spans):
+                pieces = assign_pieces(offsets[r], batch["attention_mask"][r], span)
+                out.append([names[int(best[r, p[0]])] if p else "O" for p in pieces])
+    return out

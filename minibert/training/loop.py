@@ -135,14 +135,18 @@ def seed_everything(seed: int) -> None:
 def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, config: FitConfig = FitConfig(),
         evaluate: Callable[[nn.Module], dict] | None = None, metric: str | None = None,
         out_dir=None, on_epoch_start: Callable[[nn.Module, int], None] | None = None,
+        on_epoch_end: Callable[[dict], None] | None = None, save: Callable[[nn.Module, Path], None] | None = None,
         steps_per_epoch: int | None = None) -> History:
     """Fine-tune ``model`` (a module whose forward takes a batch dict and returns ``.loss``).
 
     ``train_batches(epoch)`` yields the batches of one epoch (shuffled by the caller, e.g. seeded by the
     epoch). ``evaluate(model)`` returns metrics after each epoch; ``metric`` names the one to maximise for
     the best checkpoint, which is saved to ``out_dir`` (``model.save_pretrained``) with ``metrics.json``.
-    ``on_epoch_start(model, epoch)`` lets a recipe change what is trainable (gradual unfreezing).
+    ``on_epoch_start(model, epoch)`` lets a recipe change what is trainable (gradual unfreezing);
+    ``on_epoch_end(record)`` sees each epoch's record (to print it); ``save(model, directory)`` replaces
+    ``model.save_pretrained(directory)`` (LoRA saves a merged copy).
     """
+    save = save or (lambda m, directory: m.save_pretrained(directory))
     config.check()
     seed_everything(config.seed)
     if steps_per_epoch is None:
@@ -201,12 +205,14 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
                 if history.best_metric is None or value > history.best_metric:
                     history.best_metric, history.best_epoch = value, epoch + 1
                     if out_dir is not None:
-                        model.save_pretrained(out_dir)
+                        save(model, out_dir)
         history.epochs.append(record)
+        if on_epoch_end is not None:
+            on_epoch_end(record)
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             if evaluate is None or metric is None:  # no metric to choose by: keep the last
-                model.save_pretrained(out_dir)
+                save(model, out_dir)
             history.to_json(out_dir / "metrics.json")
     model.eval()
     return history

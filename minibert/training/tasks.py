@@ -1,0 +1,122 @@
+"""Fine-tuning from files, as ``minibert finetune`` runs it: read the data, build the model with its new
+head, apply the recipe, ``fit``, evaluate each epoch, write the checkpoint, its tokenizer and metrics.json.
+
+    task      head                              data                         metric kept for the best epoch
+    classify  BertForSequenceClassification     .csv / .tsv / .jsonl         accuracy (and macro-F1)
+    regress   BertForSequenceClassification(1)  .csv / .tsv / .jsonl         Pearson (and Spearman)
+    tag       BertForTokenClassification        .conllu or token<TAB>BIO     entity F1 (seqeval convention)
+
+    recipe    full (everything trains) | gradual (head first, one block more per epoch) |
+              llrd (layer-wise LR decay 0.9) | lora (r = 8 on query and value; saved merged)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from ..errors import InputError
+from ..heads import BertForSequenceClassification, BertForTokenClassification
+from ..loading import resolve_source
+from ..tokenizer import BertTokenizer
+from . import metrics
+from .data import classification_batches, tag_words, tagging_batches
+from .datasets import read_table, read_tagged
+from .lora import apply_lora, merge_lora
+from .loop import FitConfig, History, fit
+from .recipes import gradual_unfreezing
+
+TASKS = ("classify", "regress", "tag")
+RECIPES = ("full", "gradual", "llrd", "lora")
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
+
+
+def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "classify", text_column: str = "text",
+             pair_column: str | None = None, label_column: str = "label", tag_column: str = "upos",
+             recipe: str = "full", config: FitConfig = FitConfig(), batch_size: int = 16,
+             max_length: int = 128, log: Callable[[str], None] | None = print) -> History:
+    if task not in TASKS:
+        raise InputError(f"task {task!r}: use one of {TASKS}")
+    if recipe not in RECIPES:
+        raise InputError(f"recipe {recipe!r}: use one of {RECIPES}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir} is a file")
+    tokenizer = BertTokenizer.from_pretrained(model_source)
+
+    if task == "tag":
+        train_words, train_tags = read_tagged(train_path, column=tag_column)
+        eval_words, eval_tags = read_tagged(eval_path, column=tag_column)
+        names = sorted({t for row in train_tags for t in row})
+        _no_unseen(names, {t for row in eval_tags for t in row}, eval_path)
+        model = BertForTokenClassification.from_encoder(model_source, labels=names, seed=config.seed)
+        batches = tagging_batches(tokenizer, train_words, train_tags, model.config.label2id, batch_size=batch_size,
+                                  max_length=max_length, seed=config.seed)
+
+        def evaluate(m):
+            predicted = tag_words(m, tokenizer, eval_words, max_length=max_length)
+            scores = metrics.entity_f1(predicted, eval_tags)
+            return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}
+        metric = "entity_f1"
+    else:
+        regression = task == "regress"
+        train = read_table(train_path, text_column=text_column, label_column=label_column, pair_column=pair_column,
+                           regression=regression)
+        held = read_table(eval_path, text_column=text_column, label_column=label_column, pair_column=pair_column,
+                          regression=regression)
+        if regression:
+            names, targets = ["score"], [float(y) for y in train.labels]
+        else:
+            names = sorted(set(train.labels))
+            if len(names) < 2:
+                raise InputError(f"{train_path} has {len(names)} label(s) {names}: classification needs at least 2")
+            _no_unseen(names, set(held.labels), eval_path)
+            targets = [names.index(y) for y in train.labels]
+        model = BertForSequenceClassification.from_encoder(model_source, labels=names, seed=config.seed)
+        batches = classification_batches(tokenizer, train.texts, targets, pairs=train.pairs, batch_size=batch_size,
+                                         max_length=max_length, seed=config.seed)
+
+        def evaluate(m):
+            predictions = m.predict(held.texts, held.pairs, tokenizer=tokenizer, max_length=max_length)
+            if regression:
+                scores = [p["score"] for p in predictions]
+                return {"pearson": metrics.pearson(scores, held.labels), "spearman": metrics.spearman(scores, held.labels)}
+            labels = [p["label"] for p in predictions]
+            return {"accuracy": metrics.accuracy(labels, held.labels), "macro_f1": metrics.macro_f1(labels, held.labels)}
+        metric = "pearson" if regression else "accuracy"
+
+    on_epoch_start, save = None, None
+    if recipe == "gradual":
+        on_epoch_start = gradual_unfreezing()
+    elif recipe == "llrd":
+        config = dataclasses.replace(config, layer_decay=config.layer_decay or 0.9)
+    elif recipe == "lora":
+        apply_lora(model)
+
+        def save(m, directory):
+            merge_lora(copy.deepcopy(m)).save_pretrained(directory)
+
+    def report(record):
+        if log is not None:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in record.get("eval", {}).items())
+            log(f"epoch {record['epoch']}/{config.epochs}: train loss {record['train_loss']:.4f}, {shown}, "
+                f"{record['seconds']:.1f} s")
+
+    history = fit(model, batches, config=config, evaluate=evaluate, metric=metric, out_dir=out_dir,
+                  on_epoch_start=on_epoch_start, on_epoch_end=report, save=save)
+    source = resolve_source(model_source)
+    source = source if source.is_dir() else source.parent
+    for name in TOKENIZER_FILES:  # so that the checkpoint is usable on its own (`minibert predict DIR`)
+        if (source / name).exists():
+            shutil.copy(source / name, out_dir / name)
+    return history
+
+
+def _no_unseen(names, eval_labels, eval_path) -> None:
+    unseen = sorted(set(eval_labels) - set(names), key=str)
+    if unseen:
+        raise InputError(f"{eval_path} has label(s) {unseen[:5]} that the training data never shows; the model "
+                         f"can only predict {names[:10]}{' ...' if len(names) > 10 else ''}")

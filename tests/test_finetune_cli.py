@@ -1,0 +1,157 @@
+"""Fine-tuning from files (issue 13, part 4): metrics, data readers, `minibert finetune` and
+`minibert predict` end to end on a tiny encoder and toy data (seconds, not minutes)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+
+from conftest import hf_config, random_hf_model, transformers
+from minibert import BertForSequenceClassification, InputError
+from minibert.cli import main
+from minibert.training import metrics
+from minibert.training.datasets import read_table, read_tagged
+
+TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory, minilm_dir):
+    directory = tmp_path_factory.mktemp("tiny_encoder")
+    config = hf_config(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    random_hf_model(config, seed=7).save_pretrained(directory)
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, directory / name)
+    return directory
+
+
+def toy_rows(n, seed):
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        good = i % 2 == 0
+        word = rng.choice(["good", "great", "fine", "nice"] if good else ["bad", "awful", "poor", "sad"])
+        rows.append({"text": f"the day was {word} and {rng.choice(['hot', 'cold'])}", "label": "pos" if good else "neg"})
+    return rows
+
+
+def write_csv(path, rows):
+    path.write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------- metrics
+def test_metrics_on_hand_computed_examples():
+    assert metrics.accuracy(["a", "b", "b"], ["a", "b", "a"]) == pytest.approx(2 / 3)
+    # class a: tp 1, fp 0, fn 1 -> F1 2/3; class b: tp 1, fp 1, fn 0 -> F1 2/3
+    assert metrics.macro_f1(["a", "b", "b"], ["a", "b", "a"]) == pytest.approx(2 / 3)
+    assert metrics.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert metrics.spearman([1, 2, 3, 4], [10, 20, 20, 40]) == pytest.approx(0.9486832980505138)  # ties: ranks 2.5
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "I-ORG", "I-ORG"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG"], ["O", "B-ORG", "I-ORG"]]
+    assert metrics.entities(gold[1]) == {("ORG", 1, 2)}  # an I- after O starts an entity (seqeval's default)
+    assert metrics.entity_f1(pred, gold) == pytest.approx({"precision": 2 / 3, "recall": 2 / 3, "f1": 2 / 3})
+    with pytest.raises(InputError, match="differ in length"):
+        metrics.accuracy([1], [1, 2])
+
+
+def test_seqeval_agrees_where_installed():
+    seqeval = pytest.importorskip("seqeval.metrics")
+    gold = [["B-PER", "I-PER", "O", "B-LOC", "I-LOC"], ["I-ORG", "O", "B-MISC"]]
+    pred = [["B-PER", "O", "O", "B-LOC", "I-LOC"], ["B-ORG", "O", "I-MISC"]]
+    assert metrics.entity_f1(pred, gold)["f1"] == pytest.approx(seqeval.f1_score(gold, pred))
+
+
+# --------------------------------------------------------------------------------------------- readers
+def test_tables_in_three_formats(tmp_path):
+    write_csv(tmp_path / "a.csv", toy_rows(4, 0))
+    (tmp_path / "a.tsv").write_text("text\tlabel\nhello there\tpos\nbye\tneg\n", encoding="utf-8")
+    (tmp_path / "a.jsonl").write_text('{"text": "hi", "label": 1.5}\n{"text": "yo", "label": -2}\n', encoding="utf-8")
+    assert len(read_table(tmp_path / "a.csv").texts) == 4
+    assert read_table(tmp_path / "a.tsv").labels == ["pos", "neg"]
+    assert read_table(tmp_path / "a.jsonl", regression=True).labels == [1.5, -2.0]
+    with pytest.raises(InputError, match=r"has no column 'sentence'; its columns are \['text', 'label'\]"):
+        read_table(tmp_path / "a.tsv", text_column="sentence")
+    (tmp_path / "gap.csv").write_text("text,label\nhello,\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"gap.csv:2: column 'label' is empty"):
+        read_table(tmp_path / "gap.csv")
+    (tmp_path / "empty.csv").write_text("text,label\n", encoding="utf-8")
+    with pytest.raises(InputError, match="has no rows"):
+        read_table(tmp_path / "empty.csv")
+    with pytest.raises(InputError, match="not a number"):
+        read_table(tmp_path / "a.tsv", regression=True)
+
+
+def test_bio_files(tmp_path):
+    (tmp_path / "ner.txt").write_text("Ada\tB-PER\nwrote\tO\n\nin London\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"ner.txt:4: .*'London' is not a BIO tag"):
+        read_tagged(tmp_path / "ner.txt")
+    (tmp_path / "ner.txt").write_text("Ada\tB-PER\nwrote\tO\n\nin O\nLondon B-LOC\n", encoding="utf-8")
+    words, tags = read_tagged(tmp_path / "ner.txt")
+    assert words == [["Ada", "wrote"], ["in", "London"]] and tags == [["B-PER", "O"], ["O", "B-LOC"]]
+
+
+# ----------------------------------------------------------------------------------------- the CLI
+def test_finetune_and_predict_a_classifier(encoder_dir, tmp_path, capsys):
+    train = write_csv(tmp_path / "train.csv", toy_rows(64, 0))
+    held = write_csv(tmp_path / "test.csv", toy_rows(24, 1))
+    out = tmp_path / "out"
+    assert main(["finetune", "--train", str(train), "--eval", str(held), "--model", str(encoder_dir), "--out",
+                 str(out), "--epochs", "8", "--lr", "1e-2", "--batch-size", "8", "--max-length", "16", "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("epoch ") for line in printed) == 8 and "accuracy" in printed[0]
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["best_metric"] >= 0.9 and len(saved["epochs"]) == 8
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    assert transformers.BertForSequenceClassification.from_pretrained(out).config.id2label == {0: "neg", 1: "pos"}
+    (tmp_path / "new.txt").write_text("the day was great and hot\nthe day was awful and cold\n", encoding="utf-8")
+    assert main(["predict", str(out), str(tmp_path / "new.txt")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["pos", "neg"]
+
+
+@pytest.mark.parametrize("recipe", ["gradual", "llrd", "lora"])
+def test_each_recipe_runs_and_saves_a_loadable_checkpoint(encoder_dir, tmp_path, capsys, recipe):
+    train = write_csv(tmp_path / "train.csv", toy_rows(16, 0))
+    held = write_csv(tmp_path / "test.csv", toy_rows(8, 1))
+    assert main(["finetune", "--train", str(train), "--eval", str(held), "--model", str(encoder_dir), "--out",
+                 str(tmp_path / recipe), "--epochs", "2", "--recipe", recipe, "--max-length", "16", "--quiet"]) == 0
+    model = BertForSequenceClassification.from_pretrained(tmp_path / recipe)  # LoRA: saved merged
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+
+
+def test_finetune_a_tagger(encoder_dir, tmp_path, capsys):
+    rng = random.Random(0)
+    sentences = []
+    for _ in range(40):
+        name = rng.choice(["Ada", "Alan", "Grace"])
+        place = rng.choice(["London", "Paris", "Rome"])
+        sentences.append([(name, "B-PER"), ("lives", "O"), ("in", "O"), (place, "B-LOC")])
+    text = "\n\n".join("\n".join(f"{w}\t{t}" for w, t in s) for s in sentences) + "\n"
+    (tmp_path / "train.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "test.txt").write_text(text, encoding="utf-8")
+    assert main(["finetune", "--task", "tag", "--train", str(tmp_path / "train.txt"), "--eval",
+                 str(tmp_path / "test.txt"), "--model", str(encoder_dir), "--out", str(tmp_path / "tagger"),
+                 "--epochs", "6", "--lr", "1e-2", "--batch-size", "8", "--quiet"]) == 0
+    assert "entity_f1" in capsys.readouterr().out
+    assert json.loads((tmp_path / "tagger" / "metrics.json").read_text())["best_metric"] >= 0.8
+    (tmp_path / "new.txt").write_text("Grace lives in Paris\n", encoding="utf-8")
+    assert main(["predict", str(tmp_path / "tagger"), str(tmp_path / "new.txt")]) == 0
+    assert capsys.readouterr().out.strip().startswith("Grace/")
+
+
+def test_finetune_errors_are_one_line(encoder_dir, tmp_path, capsys):
+    train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
+    odd = tmp_path / "odd.csv"
+    odd.write_text("text,label\nhello,maybe\n", encoding="utf-8")
+    for extra, message in (([], "label(s) ['maybe'] that the training data never shows"),
+                           (["--label-column", "stars"], "has no column 'stars'")):
+        with pytest.raises(SystemExit) as e:
+            main(["finetune", "--train", str(train), "--eval", str(odd), "--model", str(encoder_dir), "--out",
+                  str(tmp_path / "x"), "--quiet", *extra])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
