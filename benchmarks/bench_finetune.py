@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Fine-tuning benchmark: all-MiniLM-L6-v2 on TREC-6 and WNUT-16, per recipe, on this machine's CPU.
+
+For each (dataset, recipe): the eval metric of the best epoch (TREC-6 test accuracy; WNUT-16 entity F1
+on our fixed split), trainable parameters, seconds per epoch and peak memory growth. Then the training
+step (forward + backward + AdamW step) of minibert's BertForSequenceClassification against transformers'
+on the same batch and weights, alternating in one process (median time ratio, fp32), and the same for
+bf16 autocast against fp32 (bf16 is only fast on CPUs with bf16 matrix instructions).
+
+    python data/fetch_data.py && python benchmarks/bench_finetune.py            # ~1 hour on 2 cores
+    python benchmarks/bench_finetune.py --quick                                  # slices, ~5 minutes
+
+Writes benchmarks/results/finetune.md and finetune.json (--quick: finetune_quick.*, git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "data"))
+
+from fetch_data import fetch_trec, fetch_wnut16  # noqa: E402
+
+from minibert import BertForSequenceClassification, BertTokenizer  # noqa: E402
+from minibert.hardware import cpu_info  # noqa: E402
+from minibert.training import tasks  # noqa: E402
+from minibert.training.loop import FitConfig  # noqa: E402
+
+MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def slice_file(src: Path, dst: Path, n: int, tagged: bool) -> Path:
+    if tagged:
+        blocks = [b for b in src.read_text(encoding="utf-8").split("\n\n") if b.strip()][:n]
+        dst.write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+    else:
+        lines = src.read_text(encoding="utf-8").splitlines()
+        dst.write_text("\n".join(lines[: n + 1]) + "\n", encoding="utf-8")
+    return dst
+
+
+def run_recipe(dataset: str, recipe: str, train: Path, test: Path, epochs: int, workdir: Path) -> dict:
+    before = peak_mib()
+    lr = 1e-3 if recipe == "lora" else 5e-5
+    config = FitConfig(epochs=epochs, lr=lr, progress=False, seed=0)
+    out = workdir / f"{dataset}-{recipe}"
+    history = tasks.finetune(train, test, MODEL, out, task="tag" if dataset == "wnut16" else "classify",
+                             recipe=recipe, config=config, batch_size=16, max_length=64,
+                             log=lambda line: print(f"  {dataset} {recipe}: {line}", flush=True))
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {"dataset": dataset, "recipe": recipe, "lr": lr, "epochs": epochs,
+            "best_metric": metrics["best_metric"], "best_epoch": metrics["best_epoch"],
+            "seconds_per_epoch": statistics.mean(e["seconds"] for e in history.epochs),
+            "trainable_parameters": _trainable(dataset, recipe), "peak_memory_growth_mib": peak_mib() - before,
+            "per_epoch": history.epochs}
+
+
+def _trainable(dataset: str, recipe: str) -> int:
+    from minibert import BertForTokenClassification
+    from minibert.training.lora import apply_lora
+
+    cls = BertForTokenClassification if dataset == "wnut16" else BertForSequenceClassification
+    model = cls.from_encoder(MODEL, labels=21 if dataset == "wnut16" else 6)
+    if recipe == "lora":
+        apply_lora(model)
+    elif recipe == "gradual":  # what trains in the last epoch of a 3-epoch run: head, pooler, top 2 blocks
+        from minibert.training.recipes import gradual_unfreezing
+
+        gradual_unfreezing()(model, 2)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def step_ratio(rounds: int) -> dict:
+    """Training step time: minibert / transformers (fp32), and minibert bf16 autocast / fp32."""
+    import transformers
+
+    tok = BertTokenizer.from_pretrained(MODEL)
+    texts = [line.split(",")[0] for line in (ROOT / "data" / "trec" / "train.csv").read_text().splitlines()[1:17]]
+    batch = dict(tok(texts, padding=True, truncation=True, max_length=64, return_tensors="pt"))
+    batch["labels"] = torch.arange(16) % 6
+    ours = BertForSequenceClassification.from_encoder(MODEL, labels=6, seed=0)
+    ours.save_pretrained(ROOT / "benchmarks" / "results" / "tmp-step")
+    theirs = transformers.BertForSequenceClassification.from_pretrained(ROOT / "benchmarks" / "results" / "tmp-step")
+    runs = {"minibert": (ours, False), "transformers": (theirs, False), "minibert bf16": (ours, True)}
+    optimisers = {name: torch.optim.AdamW(m.parameters(), lr=1e-5) for name, (m, _) in runs.items()}
+    times = {name: [] for name in runs}
+    for r in range(rounds + 1):
+        for name, (model, bf16) in runs.items():
+            model.train()
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(**batch).loss
+            loss.backward()
+            optimisers[name].step()
+            optimisers[name].zero_grad()
+            if r:  # the first round warms up
+                times[name].append(time.perf_counter() - start)
+    import shutil
+
+    shutil.rmtree(ROOT / "benchmarks" / "results" / "tmp-step")
+    ratio = statistics.median(a / b for a, b in zip(times["minibert"], times["transformers"]))
+    bf16 = statistics.median(a / b for a, b in zip(times["minibert bf16"], times["minibert"]))
+    return {"minibert_vs_transformers_fp32": ratio, "bf16_vs_fp32": bf16,
+            "minibert_ms": 1000 * statistics.median(times["minibert"]),
+            "transformers_ms": 1000 * statistics.median(times["transformers"])}
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = ["# Fine-tuning benchmark (all-MiniLM-L6-v2)", "",
+             f"torch {m['torch']}, {m['threads']} threads, {m['cpu']} (CPU flags: {', '.join(m['cpu_flags']) or 'unknown'}); "
+             f"batch 16, max length 64, AdamW, warmup 10 %, seed 0.", "",
+             "| data | recipe | epochs | metric (best epoch) | trainable parameters | s / epoch | peak memory growth |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        name = "TREC-6 test accuracy" if r["dataset"] == "trec" else "WNUT-16 entity F1"
+        lines.append(f"| {r['dataset']} | {r['recipe']} | {r['epochs']} | {name} {r['best_metric']:.4f} (epoch "
+                     f"{r['best_epoch']}) | {r['trainable_parameters']:,} | {r['seconds_per_epoch']:.0f} | "
+                     f"{r['peak_memory_growth_mib']:.0f} MiB |")
+    s = report["step"]
+    lines += ["", f"Training step (forward + backward + AdamW, 16 x <= 64 tokens, median of alternating rounds): "
+              f"minibert {s['minibert_ms']:.0f} ms, transformers {s['transformers_ms']:.0f} ms, ratio "
+              f"**{s['minibert_vs_transformers_fp32']:.2f}**; bf16 autocast / fp32: {s['bf16_vs_fp32']:.2f}."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="slices (400 questions, 300 tweets), 1 epoch")
+    parser.add_argument("--recipes", default="full,gradual,llrd,lora")
+    parser.add_argument("--datasets", default="trec,wnut16")
+    args = parser.parse_args()
+    trec, wnut = fetch_trec(), fetch_wnut16()
+    workdir = ROOT / "benchmarks" / "results" / "finetune-runs.tmp"
+    workdir.mkdir(parents=True, exist_ok=True)
+    files = {"trec": (trec / "train.csv", trec / "test.csv"), "wnut16": (wnut / "train.txt", wnut / "test.txt")}
+    epochs = 1 if args.quick else 3
+    if args.quick:
+        files = {"trec": (slice_file(trec / "train.csv", workdir / "trec-train.csv", 400, False), trec / "test.csv"),
+                 "wnut16": (slice_file(wnut / "train.txt", workdir / "wnut-train.txt", 300, True),
+                            wnut / "test.txt")}
+    name, flags = cpu_info()
+    report = {"machine": {"cpu": name, "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))),
+                          "threads": torch.get_num_threads(), "torch": torch.__version__}, "runs": []}
+    for dataset in args.datasets.split(","):
+        for recipe in args.recipes.split(","):
+            print(f"{dataset} {recipe} ...", flush=True)
+            report["runs"].append(run_recipe(dataset, recipe, *files[dataset], epochs, workdir))
+    report["step"] = step_ratio(rounds=5 if args.quick else 20)
+    out = ROOT / "benchmarks" / "results" / ("finetune_quick" if args.quick else "finetune")
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(markdown(report), encoding="utf-8")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
