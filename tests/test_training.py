@@ -253,3 +253,27 @@ def test_lora_forward_equals_peft(tiny_dir):
     batch.pop("labels")
     with torch.no_grad():
         assert (ours(**batch).logits - theirs(**batch).logits).abs().max() <= 1e-5
+
+
+def test_scalarmix_classifier_trains_only_the_mix_and_head(tiny_dir, tmp_path):
+    from minibert.model import BertModel
+    from minibert.training.recipes import ScalarMixClassifier
+
+    encoder = BertModel.from_pretrained(tiny_dir)
+    frozen = {n: p.detach().clone() for n, p in encoder.named_parameters()}
+    model = ScalarMixClassifier(encoder, ["bad", "good"], seed=0)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        "mix.scalar_parameters", "mix.gamma", "classifier.weight", "classifier.bias"}
+    tok = BertTokenizer.from_pretrained(tiny_dir)
+    texts, labels = toy_task(32)
+    fit(model, classification_batches(tok, texts, labels, batch_size=8, max_length=16),
+        config=FitConfig(epochs=3, lr=1e-2, progress=False))
+    assert all(torch.equal(p, frozen[n]) for n, p in model.bert.named_parameters())
+    assert not torch.allclose(model.mix.weights, torch.full((3,), 1 / 3))
+    model.save_pretrained(tmp_path)
+    again = ScalarMixClassifier.from_pretrained(tmp_path)
+    batch = a_batch(tiny_dir)
+    batch.pop("labels")
+    with torch.no_grad():
+        assert torch.equal(again(**batch).logits, model.eval()(**batch).logits)
+    assert again.predict(["a fine day"], tokenizer=tok)[0]["label"] in ("bad", "good")

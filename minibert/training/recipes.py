@@ -3,16 +3,23 @@
 * gradual unfreezing (Howard and Ruder 2018, ULMFiT): the head alone first, then one more block from the
   top each ``every`` epochs, the embeddings last;
 * layer-wise learning-rate decay is a learning-rate matter: ``FitConfig(layer_decay=0.9)``;
-* LoRA: ``minibert.training.lora.apply_lora(model)`` before ``fit``.
+* LoRA: ``minibert.training.lora.apply_lora(model)`` before ``fit``;
+* a frozen encoder with a trained ScalarMix head: ``ScalarMixClassifier``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
+import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..analysis.layers import ScalarMix, pool
 from ..errors import InputError
+from ..heads import BertForSequenceClassification, ClassifierOutput, sequence_loss
+from ..model import BertModel
 
 
 def gradual_unfreezing(every: int = 1) -> Callable[[nn.Module, int], None]:
@@ -34,3 +41,66 @@ def gradual_unfreezing(every: int = 1) -> Callable[[nn.Module, int], None]:
                 p.requires_grad_(False)
 
     return on_epoch_start
+
+
+class ScalarMixClassifier(nn.Module):
+    """The probing view as a classifier: a frozen encoder, a trained ``ScalarMix`` over every hidden
+    state (embedding output included), mean-pooled over real tokens, then a linear layer.
+
+        logits = W mean_t(gamma * sum_k softmax(w)_k h_k,t) + b
+
+    Only the mix (L + 2 numbers) and W, b train; ``mix.weights`` then says which layers the task reads.
+    Saved as the encoder's checkpoint plus ``scalarmix_head.safetensors``."""
+
+    HEAD_FILE = "scalarmix_head.safetensors"
+
+    def __init__(self, encoder, labels, *, problem_type=None, seed: int = 0):
+        super().__init__()
+        names = [f"LABEL_{i}" for i in range(labels)] if isinstance(labels, int) else [str(n) for n in labels]
+        if not names or len(set(names)) != len(names):
+            raise InputError(f"labels must be distinct class names (or a positive int), got {labels!r}")
+        self.bert = encoder
+        for p in encoder.parameters():
+            p.requires_grad_(False)
+        self.config = encoder.config
+        self.config.id2label, self.config.problem_type = dict(enumerate(names)), problem_type
+        self.mix = ScalarMix(self.config.num_hidden_layers + 1)
+        self.classifier = nn.Linear(self.config.hidden_size, len(names))
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.classifier.weight.copy_(torch.randn(self.classifier.weight.shape, generator=generator) * 0.02)
+            self.classifier.bias.zero_()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None):
+        self.bert.eval()  # frozen: no dropout, no gradients
+        with torch.no_grad():
+            out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        mixed = self.mix(out.hidden_states, attention_mask)  # (B, T, H)
+        logits = self.classifier(pool(mixed, attention_mask, "mean"))  # (B, num_labels)
+        loss = None if labels is None else sequence_loss(logits, labels, self.config)
+        return ClassifierOutput(logits, loss, out.hidden_states)
+
+    # predictions as a sequence classifier's (same output, same config): its methods serve this class too
+    predict = BertForSequenceClassification.predict
+    _batches = BertForSequenceClassification._batches
+    _predicting = BertForSequenceClassification._predicting
+
+    def save_pretrained(self, directory) -> None:
+        self.bert.save_pretrained(directory)  # config.json carries id2label
+        save_file({name: p.detach().contiguous() for name, p in
+                   [("mix.scalar_parameters", self.mix.scalar_parameters), ("mix.gamma", self.mix.gamma),
+                    ("classifier.weight", self.classifier.weight), ("classifier.bias", self.classifier.bias)]},
+                  Path(directory) / self.HEAD_FILE)
+
+    @classmethod
+    def from_pretrained(cls, directory):
+        encoder = BertModel.from_pretrained(directory)
+        head = load_file(Path(directory) / cls.HEAD_FILE)
+        model = cls(encoder, [encoder.config.id2label[i] for i in range(len(encoder.config.id2label))],
+                    problem_type=encoder.config.problem_type)
+        with torch.no_grad():
+            model.mix.scalar_parameters.copy_(head["mix.scalar_parameters"])
+            model.mix.gamma.copy_(head["mix.gamma"])
+            model.classifier.weight.copy_(head["classifier.weight"])
+            model.classifier.bias.copy_(head["classifier.bias"])
+        return model.eval()

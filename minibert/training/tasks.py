@@ -7,7 +7,8 @@ head, apply the recipe, ``fit``, evaluate each epoch, write the checkpoint, its 
     tag       BertForTokenClassification        .conllu or token<TAB>BIO     entity F1 (seqeval convention)
 
     recipe    full (everything trains) | gradual (head first, one block more per epoch) |
-              llrd (layer-wise LR decay 0.9) | lora (r = 8 on query and value; saved merged)
+              llrd (layer-wise LR decay 0.9) | lora (r = 8 on query and value; saved merged) |
+              scalarmix (frozen encoder, trained ScalarMix over all layers + linear head; classify only)
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ from typing import Callable
 
 from ..errors import InputError
 from ..heads import BertForSequenceClassification, BertForTokenClassification
-from ..loading import resolve_source
+from ..loading import load_model, resolve_source
+from ..model import BertModel
 from ..tokenizer import BertTokenizer
 from . import metrics
 from .data import classification_batches, tag_words, tagging_batches
 from .datasets import read_table, read_tagged
 from .lora import apply_lora, merge_lora
 from .loop import FitConfig, History, fit
-from .recipes import gradual_unfreezing
+from .recipes import ScalarMixClassifier, gradual_unfreezing
 
 TASKS = ("classify", "regress", "tag")
-RECIPES = ("full", "gradual", "llrd", "lora")
+RECIPES = ("full", "gradual", "llrd", "lora", "scalarmix")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
 
 
@@ -47,6 +49,8 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
         raise InputError(f"--out {out_dir} is a file")
     tokenizer = BertTokenizer.from_pretrained(model_source)
 
+    if task == "tag" and recipe == "scalarmix":
+        raise InputError("the scalarmix recipe classifies texts; use another recipe for --task tag")
     if task == "tag":
         train_words, train_tags = read_tagged(train_path, column=tag_column)
         eval_words, eval_tags = read_tagged(eval_path, column=tag_column)
@@ -75,7 +79,10 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
                 raise InputError(f"{train_path} has {len(names)} label(s) {names}: classification needs at least 2")
             _no_unseen(names, set(held.labels), eval_path)
             targets = [names.index(y) for y in train.labels]
-        model = BertForSequenceClassification.from_encoder(model_source, labels=names, seed=config.seed)
+        if recipe == "scalarmix":
+            model = ScalarMixClassifier(load_model(BertModel, model_source, mlm_head=False), names, seed=config.seed)
+        else:
+            model = BertForSequenceClassification.from_encoder(model_source, labels=names, seed=config.seed)
         batches = classification_batches(tokenizer, train.texts, targets, pairs=train.pairs, batch_size=batch_size,
                                          max_length=max_length, seed=config.seed)
 
