@@ -277,3 +277,18 @@ def test_scalarmix_classifier_trains_only_the_mix_and_head(tiny_dir, tmp_path):
     with torch.no_grad():
         assert torch.equal(again(**batch).logits, model.eval()(**batch).logits)
     assert again.predict(["a fine day"], tokenizer=tok)[0]["label"] in ("bad", "good")
+
+
+def test_bf16_autocast_keeps_fp32_weights_and_tracks_fp32(tiny_dir):
+    tok = BertTokenizer.from_pretrained(tiny_dir)
+    texts, labels = toy_task(16)
+    losses = []
+    for bf16 in (False, True):
+        model = BertForSequenceClassification.from_encoder(tiny_dir, labels=["bad", "good"], seed=0)
+        history = fit(model, classification_batches(tok, texts, labels, batch_size=8, max_length=16),
+                      config=FitConfig(epochs=2, lr=1e-2, bf16=bf16, progress=False))
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # the master weights
+        losses.append([e["train_loss"] for e in history.epochs])
+    assert losses[0] != losses[1] and max(abs(a - b) for a, b in zip(*losses)) < 0.05
+    with pytest.raises(InputError, match="fp16 training needs a CUDA device"):
+        fit(model, classification_batches(tok, texts, labels), config=FitConfig(fp16=True, progress=False))

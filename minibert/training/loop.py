@@ -12,7 +12,8 @@
   times ``decay ** depth from the top``; embeddings deepest).
 * ``warmup_then_linear_decay``: the learning-rate schedule of the BERT paper.
 * ``fit``: the loop above, seeded (deterministic on CPU), with a tqdm bar showing loss and throughput
-  when tqdm is installed, and mixed precision (bf16 autocast, fp32 master weights) as an option.
+  when tqdm is installed, and mixed precision as an option: bf16 autocast (CPU or GPU), or fp16 autocast
+  with loss scaling on CUDA; the weights (master copy) stay fp32 either way.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class FitConfig:
     max_grad_norm: float | None = 1.0  # gradient clipping; None = off
     seed: int = 0
     bf16: bool = False  # autocast to bf16 for forward and backward; the weights stay fp32
+    fp16: bool = False  # CUDA only: autocast to fp16 with loss scaling (GradScaler); the weights stay fp32
     progress: bool = True
 
     def check(self) -> None:
@@ -115,6 +117,8 @@ class FitConfig:
             raise InputError(f"warmup_ratio={self.warmup_ratio!r} must be in [0, 1)")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             raise InputError(f"layer_decay={self.layer_decay!r} must be in (0, 1]")
+        if self.bf16 and self.fp16:
+            raise InputError("bf16 and fp16 exclude each other")
 
 
 @dataclass
@@ -149,6 +153,11 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
     save = save or (lambda m, directory: m.save_pretrained(directory))
     config.check()
     seed_everything(config.seed)
+    device = next(model.parameters()).device
+    if config.fp16 and device.type != "cuda":
+        raise InputError("fp16 training needs a CUDA device (on a CPU use bf16)")
+    half = torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
+    scaler = torch.amp.GradScaler("cuda") if config.fp16 else None
     if steps_per_epoch is None:
         steps_per_epoch = math.ceil(sum(1 for _ in train_batches(0)) / config.accumulate)
     total_steps = steps_per_epoch * config.epochs
@@ -177,20 +186,22 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
         bar = _bar(steps_per_epoch * config.accumulate, f"epoch {epoch + 1}/{config.epochs}", config.progress)
         optimizer.zero_grad(set_to_none=True)
         for i, batch in enumerate(train_batches(epoch)):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
                 loss = model(**batch).loss
-            (loss.float() / config.accumulate).backward()
+            scaled = loss.float() / config.accumulate
+            (scaler.scale(scaled) if scaler else scaled).backward()
             total_loss += float(loss.detach())
             batches += 1
             seen += len(batch["input_ids"])
             if (i + 1) % config.accumulate == 0:
-                _step(model, optimizer, scheduler, config)
+                _step(model, optimizer, scheduler, config, scaler)
                 step += 1
             bar.update(1)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{total_loss / batches:.4f}", ex_s=f"{seen / (time.perf_counter() - started):.1f}")
         if batches % config.accumulate:  # a last, partial accumulation
-            _step(model, optimizer, scheduler, config)
+            _step(model, optimizer, scheduler, config, scaler)
             step += 1
         bar.close()
         seconds = time.perf_counter() - started
@@ -218,10 +229,16 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
     return history
 
 
-def _step(model, optimizer, scheduler, config: FitConfig) -> None:
+def _step(model, optimizer, scheduler, config: FitConfig, scaler=None) -> None:
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     if config.max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)  # skipped when the gradients overflowed
+        scaler.update()
+    else:
+        optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
 
