@@ -102,7 +102,7 @@ class _TaskModel(nn.Module):
             head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * 0.02)
             head.bias.zero_()
         setattr(model, cls.head_attribute, head)
-        model.source = f"{encoder.source} + new {cls.head_attribute} ({len(names)} labels, seed {seed})"
+        model.source = encoder.source  # where the tokenizer is, for predict()
         return model.train()
 
     def save_pretrained(self, directory) -> None:
@@ -110,7 +110,7 @@ class _TaskModel(nn.Module):
         save_model(self, directory)
 
     def _batches(self, texts, text_pairs, tokenizer, batch_size, max_length, **options):
-        """Tokenised batches of at most ``batch_size`` texts (eval mode, no gradients while iterating)."""
+        """(tokenizer, batch) for every ``batch_size`` texts; the tokenizer defaults to the checkpoint's."""
         if isinstance(texts, str):
             texts = [texts]
         if text_pairs is not None and isinstance(text_pairs, str):
