@@ -37,6 +37,7 @@ from minibert.training import tasks  # noqa: E402
 from minibert.training.loop import FitConfig  # noqa: E402
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
+ARGS = None  # the parsed command line (the parent passes its options to each one-run child)
 
 
 def peak_mib() -> float:
@@ -57,39 +58,50 @@ def run_recipe(dataset: str, recipe: str, train: Path, test: Path, epochs: int, 
     """One (dataset, recipe) run in a fresh process, so that its peak memory is its own."""
     import subprocess
 
-    out = subprocess.run([sys.executable, __file__, "--one", dataset, recipe, str(train), str(test), str(epochs),
-                          str(workdir)], stdout=subprocess.PIPE, text=True, check=True)
+    options = ["--lora-lr", str(ARGS.lora_lr), "--lora-rank", str(ARGS.lora_rank), "--lora-targets", ARGS.lora_targets]
+    options += ["--bf16"] if ARGS.bf16 else []
+    out = subprocess.run([sys.executable, __file__, *options, "--one", dataset, recipe, str(train), str(test),
+                          str(epochs), str(workdir)], stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def one_run(dataset: str, recipe: str, train: Path, test: Path, epochs: int, workdir: Path) -> dict:
+def one_run(dataset: str, recipe: str, train: Path, test: Path, epochs: int, workdir: Path, args) -> dict:
     before = peak_mib()
-    lr = 1e-3 if recipe == "lora" else 5e-5
-    config = FitConfig(epochs=epochs, lr=lr, progress=False, seed=0)
+    lr = args.lora_lr if recipe == "lora" else 1e-3 if recipe == "scalarmix" else 5e-5
+    config = FitConfig(epochs=epochs, lr=lr, progress=False, seed=0, bf16=args.bf16)
     out = workdir / f"{dataset}-{recipe}"
     history = tasks.finetune(train, test, MODEL, out, task="tag" if dataset == "wnut16" else "classify",
-                             recipe=recipe, config=config, batch_size=16, max_length=64,
+                             recipe=recipe, config=config, batch_size=16, max_length=64, lora_rank=args.lora_rank,
+                             lora_targets=args.lora_targets.split(","),
                              log=lambda line: print(f"  {dataset} {recipe}: {line}", file=sys.stderr, flush=True))
     metrics = json.loads((out / "metrics.json").read_text())
+    trainable = _trainable(dataset, recipe, args)
+    if recipe == "lora":
+        recipe = f"lora (r {args.lora_rank}, {args.lora_targets.replace(',', '+')}, lr {lr:g})"
+    if args.bf16:
+        recipe += " bf16"
     return {"dataset": dataset, "recipe": recipe, "lr": lr, "epochs": epochs,
             "best_metric": metrics["best_metric"], "best_epoch": metrics["best_epoch"],
             "seconds_per_epoch": statistics.mean(e["seconds"] for e in history.epochs),
-            "trainable_parameters": _trainable(dataset, recipe), "peak_memory_mib": peak_mib(),
+            "trainable_parameters": trainable, "peak_memory_mib": peak_mib(),
             "peak_memory_growth_mib": peak_mib() - before,
             "per_epoch": history.epochs}
 
 
-def _trainable(dataset: str, recipe: str) -> int:
+def _trainable(dataset: str, recipe: str, args) -> int:
     from minibert import BertForTokenClassification
+    from minibert.model import BertModel
     from minibert.training.lora import apply_lora
+    from minibert.training.recipes import ScalarMixClassifier, gradual_unfreezing
 
+    if recipe == "scalarmix":
+        model = ScalarMixClassifier(BertModel.from_pretrained(MODEL), 6)
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
     cls = BertForTokenClassification if dataset == "wnut16" else BertForSequenceClassification
     model = cls.from_encoder(MODEL, labels=21 if dataset == "wnut16" else 6)
     if recipe == "lora":
-        apply_lora(model)
+        apply_lora(model, r=args.lora_rank, alpha=2 * args.lora_rank, targets=tuple(args.lora_targets.split(",")))
     elif recipe == "gradual":  # what trains in the last epoch of a 3-epoch run: head, pooler, top 2 blocks
-        from minibert.training.recipes import gradual_unfreezing
-
         gradual_unfreezing()(model, 2)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -153,20 +165,34 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="slices (400 questions, 300 tweets), 1 epoch")
     parser.add_argument("--recipes", default="full,gradual,llrd,lora")
     parser.add_argument("--datasets", default="trec,wnut16")
+    parser.add_argument("--name", default=None, help="output name in benchmarks/results (default finetune)")
+    parser.add_argument("--lora-lr", type=float, default=1e-3)
+    parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--lora-targets", default="query,value")
+    parser.add_argument("--bf16", action="store_true", help="train with bf16 autocast")
+    parser.add_argument("--train-slice", type=int, default=None, help="use the first N training examples")
+    parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)  # internal: one run, JSON on stdout
     args = parser.parse_args()
+    global ARGS
+    ARGS = args
     if args.one:
         dataset, recipe, train, test, epochs, workdir = args.one
-        print(json.dumps(one_run(dataset, recipe, Path(train), Path(test), int(epochs), Path(workdir))))
+        print(json.dumps(one_run(dataset, recipe, Path(train), Path(test), int(epochs), Path(workdir), args)))
         return
     trec, wnut = fetch_trec(), fetch_wnut16()
     workdir = ROOT / "benchmarks" / "results" / "finetune-runs.tmp"
     workdir.mkdir(parents=True, exist_ok=True)
     files = {"trec": (trec / "train.csv", trec / "test.csv"), "wnut16": (wnut / "train.txt", wnut / "test.txt")}
-    epochs = 1 if args.quick else 3
+    epochs = args.epochs or (1 if args.quick else 3)
     if args.quick:
         files = {"trec": (slice_file(trec / "train.csv", workdir / "trec-train.csv", 400, False), trec / "test.csv"),
                  "wnut16": (slice_file(wnut / "train.txt", workdir / "wnut-train.txt", 300, True),
+                            wnut / "test.txt")}
+    if args.train_slice:
+        files = {"trec": (slice_file(trec / "train.csv", workdir / "trec-slice.csv", args.train_slice, False),
+                          trec / "test.csv"),
+                 "wnut16": (slice_file(wnut / "train.txt", workdir / "wnut-slice.txt", args.train_slice, True),
                             wnut / "test.txt")}
     name, flags = cpu_info()
     report = {"machine": {"cpu": name, "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "amx"))),
@@ -175,8 +201,8 @@ def main() -> None:
         for recipe in args.recipes.split(","):
             print(f"{dataset} {recipe} ...", flush=True)
             report["runs"].append(run_recipe(dataset, recipe, *files[dataset], epochs, workdir))
-    report["step"] = step_ratio(rounds=5 if args.quick else 20)
-    out = ROOT / "benchmarks" / "results" / ("finetune_quick" if args.quick else "finetune")
+    report["step"] = step_ratio(rounds=5 if args.quick or args.name else 20)
+    out = ROOT / "benchmarks" / "results" / (args.name or ("finetune_quick" if args.quick else "finetune"))
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     out.with_suffix(".md").write_text(markdown(report), encoding="utf-8")
     print(markdown(report))

@@ -347,7 +347,8 @@ def cmd_finetune(args) -> int:
     config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
     history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
                        pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
-                       recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length)
+                       recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
+                       lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")])
     print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: checkpoint, tokenizer, "
           "metrics.json")
     return 0
@@ -495,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    p.add_argument("--lora-rank", type=_positive_int, default=8, help="--recipe lora: the rank r (alpha = 2r)")
+    p.add_argument("--lora-targets", default="query,value",
+                   help="--recipe lora: attention projections to adapt, of query,key,value,output")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_finetune)
 

@@ -7,7 +7,7 @@ head, apply the recipe, ``fit``, evaluate each epoch, write the checkpoint, its 
     tag       BertForTokenClassification        .conllu or token<TAB>BIO     entity F1 (seqeval convention)
 
     recipe    full (everything trains) | gradual (head first, one block more per epoch) |
-              llrd (layer-wise LR decay 0.9) | lora (r = 8 on query and value; saved merged) |
+              llrd (layer-wise LR decay 0.9) | lora (rank 8, alpha 16, on query and value by default; saved merged) |
               scalarmix (frozen encoder, trained ScalarMix over all layers + linear head; classify only)
 """
 
@@ -39,7 +39,8 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "spec
 def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "classify", text_column: str = "text",
              pair_column: str | None = None, label_column: str = "label", tag_column: str = "upos",
              recipe: str = "full", config: FitConfig = FitConfig(), batch_size: int = 16,
-             max_length: int = 128, log: Callable[[str], None] | None = print) -> History:
+             max_length: int = 128, lora_rank: int = 8, lora_targets=("query", "value"),
+             log: Callable[[str], None] | None = print) -> History:
     if task not in TASKS:
         raise InputError(f"task {task!r}: use one of {TASKS}")
     if recipe not in RECIPES:
@@ -101,7 +102,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     elif recipe == "llrd":
         config = dataclasses.replace(config, layer_decay=config.layer_decay or 0.9)
     elif recipe == "lora":
-        apply_lora(model)
+        apply_lora(model, r=lora_rank, alpha=2 * lora_rank, targets=tuple(lora_targets))
 
         def save(m, directory):
             merge_lora(copy.deepcopy(m)).save_pretrained(directory)
