@@ -187,7 +187,7 @@ def test_real_data_has_the_documented_splits(real_data):
     train, test = read_table(trec / "train.csv"), read_table(trec / "test.csv")
     assert len(train.texts) == 5452 and len(test.texts) == 500
     assert set(train.labels) == {"ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"}
-    assert test.texts[3] == "Who was Galileo ?" and test.labels[3] == "HUM"
+    assert test.texts[2] == "Who was Galileo ?" and test.labels[2] == "HUM"  # rows 5452.. of trec.csv
     words, tags = read_tagged(wnut / "train.txt")
     test_words, _ = read_tagged(wnut / "test.txt")
     assert len(words) + len(test_words) == 2394 and len(test_words) == 479
@@ -197,11 +197,11 @@ def test_real_data_has_the_documented_splits(real_data):
 
 
 def test_minilm_learns_trec_from_a_slice(real_data, minilm_dir, tmp_path, capsys):
-    """300 questions, 2 epochs: well above the majority baseline on 100 test questions (the full run is
+    """600 questions, 2 epochs: well above the majority baseline on 100 test questions (the full run is
     in benchmarks/bench_finetune.py)."""
     trec, _ = real_data
     lines = (trec / "train.csv").read_text(encoding="utf-8").splitlines()
-    (tmp_path / "train.csv").write_text("\n".join(lines[:301]) + "\n", encoding="utf-8")
+    (tmp_path / "train.csv").write_text("\n".join(lines[:601]) + "\n", encoding="utf-8")
     test_lines = (trec / "test.csv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "test.csv").write_text("\n".join(test_lines[:101]) + "\n", encoding="utf-8")
     held = read_table(tmp_path / "test.csv")
@@ -210,4 +210,14 @@ def test_minilm_learns_trec_from_a_slice(real_data, minilm_dir, tmp_path, capsys
                  "--model", str(minilm_dir), "--out", str(tmp_path / "trec"), "--epochs", "2", "--lr", "1e-4",
                  "--max-length", "32", "--quiet"]) == 0
     best = json.loads((tmp_path / "trec" / "metrics.json").read_text())["best_metric"]
-    assert best > majority + 0.2, (best, majority)
+    assert best > majority + 0.3, (best, majority)
+    # the fine-tuned MiniLM we saved is transformers' BertForSequenceClassification, logit for logit
+    import torch
+
+    from minibert import BertTokenizer
+
+    ours = BertForSequenceClassification.from_pretrained(tmp_path / "trec")
+    theirs = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "trec").eval()
+    batch = dict(BertTokenizer.from_pretrained(tmp_path / "trec")(held.texts[:8], padding=True, return_tensors="pt"))
+    with torch.no_grad():
+        assert (ours(**batch).logits - theirs(**batch).logits).abs().max() <= 1e-5

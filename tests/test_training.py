@@ -195,7 +195,8 @@ def test_gradual_unfreezing_inside_fit_keeps_frozen_parts_fixed(tiny_dir):
 
 
 def test_lora_starts_exact_trains_little_and_merges(tiny_dir, tmp_path):
-    from minibert.training.lora import adapter_state, apply_lora, merge_lora, trainable_share
+    from minibert.training.lora import (adapter_state, apply_lora, load_adapters, merge_lora, save_adapters,
+                                       trainable_share)
 
     model = BertForSequenceClassification.from_pretrained(tiny_dir)
     batch = a_batch(tiny_dir)
@@ -216,6 +217,14 @@ def test_lora_starts_exact_trains_little_and_merges(tiny_dir, tmp_path):
         adapted = model(**batch).logits
     assert not torch.allclose(adapted, before)
     assert all("lora_" in n or n.startswith("classifier.") for n in adapter_state(model))
+    save_adapters(model, tmp_path / "adapters.safetensors")
+    fresh = apply_lora(BertForSequenceClassification.from_pretrained(tiny_dir), r=4, alpha=8).eval()
+    load_adapters(fresh, tmp_path / "adapters.safetensors")
+    with torch.no_grad():
+        assert torch.equal(fresh(**batch).logits, adapted)  # the adapters alone restore the trained model
+    with pytest.raises(InputError, match="do not fit"):
+        load_adapters(apply_lora(BertForSequenceClassification.from_pretrained(tiny_dir), r=2),
+                      tmp_path / "adapters.safetensors")
     merge_lora(model)
     with torch.no_grad():
         assert (model(**batch).logits - adapted).abs().max() <= 1e-5  # merging changes nothing

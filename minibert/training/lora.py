@@ -97,3 +97,28 @@ def trainable_share(model: nn.Module) -> float:
     """Trainable parameters / all parameters."""
     total = sum(p.numel() for p in model.parameters())
     return sum(p.numel() for p in model.parameters() if p.requires_grad) / total
+
+
+def save_adapters(model: nn.Module, path) -> None:
+    """Write ``adapter_state(model)`` (LoRA A and B, and the trained head) to a .safetensors file: a few
+    hundred KB instead of the whole model."""
+    from safetensors.torch import save_file
+
+    save_file({name: t.contiguous() for name, t in adapter_state(model).items()}, str(path))
+
+
+def load_adapters(model: nn.Module, path) -> nn.Module:
+    """Put saved adapters into a model that ``apply_lora`` prepared the same way (same rank and targets);
+    a name or shape that does not fit is an InputError."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path))
+    params = dict(model.named_parameters())
+    wrong = [n for n, t in saved.items() if n not in params or params[n].shape != t.shape]
+    if wrong:
+        raise InputError(f"{path}: {len(wrong)} adapter tensor(s) do not fit this model (apply_lora with the same "
+                         f"rank and targets first): {wrong[:4]}")
+    with torch.no_grad():
+        for name, tensor in saved.items():
+            params[name].copy_(tensor)
+    return model
