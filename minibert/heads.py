@@ -141,9 +141,7 @@ class BertForSequenceClassification(_TaskModel):
 
     def __init__(self, config: BertConfig, *, add_pooler: bool | None = None):
         super().__init__(config, add_pooler=add_pooler)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.dropout, self.classifier = classifier_layers(config)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_attentions=False) -> ClassifierOutput:
@@ -181,9 +179,7 @@ class BertForTokenClassification(_TaskModel):
 
     def __init__(self, config: BertConfig, *, add_pooler: bool | None = None):
         super().__init__(config, add_pooler=add_pooler)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.dropout, self.classifier = classifier_layers(config)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_attentions=False) -> ClassifierOutput:
@@ -265,6 +261,13 @@ class BertForQuestionAnswering(_TaskModel):
                                         "score": float(scores[a, b])})
                     k += 1
         return results
+
+
+def classifier_layers(config: BertConfig) -> tuple[nn.Dropout, nn.Linear]:
+    """The classification head of transformers' BertFor{Sequence,Token}Classification: dropout
+    (classifier_dropout, else hidden_dropout_prob), then a linear layer to num_labels."""
+    dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(dropout), nn.Linear(config.hidden_size, config.num_labels)
 
 
 def sequence_loss(logits: torch.Tensor, labels, config: BertConfig) -> torch.Tensor:

@@ -8,6 +8,16 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..errors import InputError
+from ..inputs import check_index
+
+
+def _epoch_rows(n: int, batch_size: int, shuffle: bool, seed: int) -> Iterator[list[int]]:
+    """Example indices 0..n-1, shuffled by ``seed`` when asked, in chunks of ``batch_size``."""
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    for start in range(0, n, batch_size):
+        yield order[start:start + batch_size]
 
 
 def classification_batches(tokenizer, texts: Sequence[str], labels: Sequence, *, pairs: Sequence[str] | None = None,
@@ -20,16 +30,11 @@ def classification_batches(tokenizer, texts: Sequence[str], labels: Sequence, *,
                          + (f" and pairs ({len(pairs)})" if pairs is not None else "") + " must have the same length")
     if not texts:
         raise InputError("no training examples")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size={batch_size!r} must be a positive int")
+    check_index("batch_size", batch_size, 1, 10**9)
     target = torch.as_tensor(list(labels))
 
     def batches(epoch: int) -> Iterator[dict]:
-        order = list(range(len(texts)))
-        if shuffle:
-            random.Random(seed + epoch).shuffle(order)
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+        for rows in _epoch_rows(len(texts), batch_size, shuffle, seed + epoch):
             batch = dict(tokenizer([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows],
                                    padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
             batch["labels"] = target[rows]
@@ -52,13 +57,10 @@ def tagging_batches(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequenc
         raise InputError(f"tags {unknown[:5]} are not among the model's labels {sorted(label2id)}")
     if not sentences:
         raise InputError("no training sentences")
+    check_index("batch_size", batch_size, 1, 10**9)
 
     def batches(epoch: int) -> Iterator[dict]:
-        order = list(range(len(sentences)))
-        if shuffle:
-            random.Random(seed + epoch).shuffle(order)
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+        for rows in _epoch_rows(len(sentences), batch_size, shuffle, seed + epoch):
             texts, spans = zip(*(word_spans(list(sentences[i])) for i in rows))
             batch = dict(tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
                                    return_offsets_mapping=True, return_tensors="pt"))
