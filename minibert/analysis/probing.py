@@ -114,28 +114,37 @@ def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool:
     """Features of every word at every layer: a float32 tensor (L + 1, n_words, H) and a list with one
     (sentence index, word index) per row. Words that yield no sub-word (e.g. only control characters),
     or that fall past the 512-token limit, are left out and not listed."""
+    texts, spans = zip(*(word_spans(words) for words in sentences)) if sentences else ((), ())
+    return extract_span_features(model, tokenizer, list(texts), list(spans), pool=pool, batch_size=batch_size,
+                                 progress=progress)
+
+
+def extract_span_features(model, tokenizer, texts: list[str], spans: list[list[tuple[int, int]]], *,
+                          pool: str = "first", batch_size: int = 16, progress: bool = True, max_length=None):
+    """Features of character spans (words, or any stretch of a text) at every layer: (L + 1, n, H) float32
+    and (text index, span index) per row, in text order. A span's vector is its first sub-word's
+    (``pool="first"``) or the mean of its sub-words'; spans without a sub-word are left out."""
     if pool not in ("first", "mean"):
         raise InputError(f"pool {pool!r}; use 'first' or 'mean'")
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # length-sorted batches
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # length-sorted batches
     chunks, index = [], []
-    bar = progress_bar(len(sentences), "features", progress)
+    bar = progress_bar(len(texts), "features", progress)
     run = fast.prepare(model)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             ids = order[start:start + batch_size]
-            texts, spans = zip(*(word_spans(sentences[i]) for i in ids))
-            batch = tokenizer(list(texts), padding=True, truncation=True, return_offsets_mapping=True,
-                              return_tensors="pt")
+            batch = tokenizer([texts[i] for i in ids], padding=True, truncation=True, max_length=max_length,
+                              return_offsets_mapping=True, return_tensors="pt")
             offsets = batch.pop("offset_mapping")
             hidden = torch.stack(run(**batch).hidden_states).float()  # (L + 1, B, T, H)
-            for row, (sent, word_span) in enumerate(zip(ids, spans)):
-                pieces = assign_pieces(offsets[row], batch["attention_mask"][row], word_span)
+            for row, text_id in enumerate(ids):
+                pieces = assign_pieces(offsets[row], batch["attention_mask"][row], spans[text_id])
                 for w, positions in enumerate(pieces):
                     if not positions:
                         continue
                     vec = hidden[:, row, positions[0]] if pool == "first" else hidden[:, row, positions].mean(1)
                     chunks.append(vec)
-                    index.append((sent, w))
+                    index.append((text_id, w))
             bar.update(len(ids))
     bar.close()
     if not chunks:

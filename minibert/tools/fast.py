@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..activations import GELU_APPROXIMATE
+from ..errors import InputError
 from ..hardware import warn_if_slow
 from ..inputs import check_blocks, check_inputs
 from ..model import BertModel, BertOutput
@@ -253,3 +254,50 @@ def _forward(model, blocks, input_ids, attention_mask, token_type_ids, position_
     last = hidden_states[-1]
     pooled = model.pooler(last) if model.pooler is not None else None
     return BertOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
+
+
+class Stepper:
+    """One batch run block by block on packed tokens, where rows may leave between blocks -- what early
+    exit needs (``minibert.training.depth``): a finished row's tokens drop out of every later product.
+
+        steps = Stepper(model, **batch)   # embeddings of the real tokens
+        steps.run_block(0)                # block 0 on the rows still there
+        steps.first_tokens()              # (rows left, H): each row's [CLS] vector after the last block run
+        steps.keep(mask)                  # mask over the rows left: False = the row leaves
+        steps.rows                        # original batch indices of the rows left
+
+    A row's numbers are those of ``FastBert`` for that row: rows never see each other."""
+
+    def __init__(self, model: BertModel, input_ids, attention_mask=None, token_type_ids=None, position_ids=None):
+        if model.training or has_hooks(model):
+            raise InputError("Stepper runs the inference fast path: put the model in eval mode, remove hooks")
+        input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
+            model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
+        B, T = input_ids.shape
+        real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        where = real.reshape(-1).nonzero().squeeze(1)
+        self.lengths = real.sum(1).tolist()
+        if min(self.lengths) == 0:
+            raise InputError("every row needs at least one real token")
+        ids, tts, pos = (t.reshape(-1)[where] for t in (input_ids, token_type_ids, position_ids))
+        self.blocks = _packed(model, False).blocks
+        self.T = T
+        self.rows = torch.arange(B)
+        self.workspace = _Workspace()
+        with torch.inference_mode():
+            self.x = model.embeddings(ids[None], tts[None], pos[None])[0]  # (N, H)
+
+    def run_block(self, i: int) -> None:
+        with torch.inference_mode():
+            self.x = self.blocks[i](self.x, self.lengths, len(self.lengths), self.T, self.workspace)
+
+    def first_tokens(self) -> torch.Tensor:
+        starts = torch.tensor([0] + self.lengths[:-1]).cumsum(0)
+        return self.x[starts]  # (rows left, H)
+
+    def keep(self, mask: torch.Tensor) -> None:
+        mask = mask.tolist()
+        pieces = self.x.split(self.lengths)
+        self.x = torch.cat([p for p, m in zip(pieces, mask) if m]) if any(mask) else self.x[:0]
+        self.lengths = [n for n, m in zip(self.lengths, mask) if m]
+        self.rows = self.rows[torch.tensor(mask, dtype=torch.bool)]

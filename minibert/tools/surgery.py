@@ -21,9 +21,15 @@ from ..inputs import check_index
 from ..model import BertModel
 
 
-def keep_blocks(model: BertModel, indices, what: str = "keep_blocks(indices)") -> BertModel:
+def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
     """A new, shallower model (copied weights) with the embeddings, the blocks ``indices`` (in the given
-    order) and the pooler, e.g. ``keep_blocks(model, range(1, 12, 2))`` for a 6-block student."""
+    order) and the pooler, e.g. ``keep_blocks(model, range(1, 12, 2))`` for a 6-block student. A task
+    model (a BertModel in ``model.bert`` and a head) is copied whole, its encoder cut the same way."""
+    if not isinstance(model, BertModel) and isinstance(getattr(model, "bert", None), BertModel):
+        new = copy.deepcopy(model, {id(model.bert): model.bert})  # all but the encoder (shared for a moment)
+        new.bert = keep_blocks(model.bert, indices, what)
+        new.config = new.bert.config
+        return new
     N = model.config.num_hidden_layers
     if isinstance(indices, int):
         raise TypeError(f"{what}: indices must be a sequence of block indices, got the int {indices}")

@@ -6,6 +6,8 @@ head, apply the recipe, ``fit``, evaluate each epoch, write the checkpoint, its 
     regress   BertForSequenceClassification(1)  .csv / .tsv / .jsonl         Pearson (and Spearman)
     tag       BertForTokenClassification        .conllu or token<TAB>BIO     entity F1 (seqeval convention)
 
+    layerdrop p: each block skipped with probability p on every training pass (prune the result later)
+
     recipe    full (everything trains) | gradual (head first, one block more per epoch) |
               llrd (layer-wise LR decay 0.9) | lora (rank 8, alpha 16, on query and value by default; saved merged) |
               scalarmix (frozen encoder, trained ScalarMix over all layers + linear head; classify only)
@@ -25,6 +27,7 @@ from ..loading import load_model, resolve_source
 from ..model import BertModel
 from ..tokenizer import BertTokenizer
 from . import metrics
+from .depth import LayerDrop
 from .data import classification_batches, tag_words, tagging_batches
 from .datasets import read_table, read_tagged
 from .lora import apply_lora, merge_lora
@@ -39,8 +42,11 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "spec
 def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "classify", text_column: str = "text",
              pair_column: str | None = None, label_column: str = "label", tag_column: str = "upos",
              recipe: str = "full", config: FitConfig = FitConfig(), batch_size: int = 16,
-             max_length: int = 128, lora_rank: int = 8, lora_targets=("query", "value"),
+             max_length: int = 128, lora_rank: int = 8, lora_targets=("query", "value"), layerdrop: float = 0.0,
              log: Callable[[str], None] | None = print) -> History:
+    """Fine-tune ``model_source`` on ``train_path``, evaluated on ``eval_path`` after each epoch; the best
+    epoch's checkpoint goes to ``out_dir``. ``layerdrop=p`` skips each block with probability p while
+    training (``depth.LayerDrop``), so the result can be pruned to fewer blocks afterwards."""
     if task not in TASKS:
         raise InputError(f"task {task!r}: use one of {TASKS}")
     if recipe not in RECIPES:
@@ -50,6 +56,8 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
         raise InputError(f"--out {out_dir} is a file")
     tokenizer = BertTokenizer.from_pretrained(model_source)
 
+    if layerdrop and recipe == "scalarmix":
+        raise InputError("layerdrop drops blocks of an encoder that trains; the scalarmix recipe freezes it")
     if task == "tag" and recipe == "scalarmix":
         raise InputError("the scalarmix recipe classifies texts; use another recipe for --task tag")
     if task == "tag":
@@ -113,14 +121,26 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
             log(f"epoch {record['epoch']}/{config.epochs}: train loss {record['train_loss']:.4f}, {shown}, "
                 f"{record['seconds']:.1f} s")
 
-    history = fit(model, batches, config=config, evaluate=evaluate, metric=metric, out_dir=out_dir,
-                  on_epoch_start=on_epoch_start, on_epoch_end=report, save=save)
+    drop = LayerDrop(model, layerdrop, seed=config.seed) if layerdrop else None
+    try:
+        history = fit(model, batches, config=config, evaluate=evaluate, metric=metric, out_dir=out_dir,
+                      on_epoch_start=on_epoch_start, on_epoch_end=report, save=save)
+    finally:
+        if drop is not None:
+            drop.remove()
+    copy_tokenizer(model_source, out_dir)  # so that the checkpoint is usable on its own (`minibert predict DIR`)
+    return history
+
+
+def copy_tokenizer(model_source, out_dir) -> None:
+    """Copy the tokenizer files of ``model_source`` into ``out_dir`` (created when missing)."""
     source = resolve_source(model_source)
     source = source if source.is_dir() else source.parent
-    for name in TOKENIZER_FILES:  # so that the checkpoint is usable on its own (`minibert predict DIR`)
-        if (source / name).exists():
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).exists() and (source / name).resolve() != (out_dir / name).resolve():
             shutil.copy(source / name, out_dir / name)
-    return history
 
 
 def _no_unseen(names, eval_labels, eval_path) -> None:

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Fewer layers on purpose: distillation, LayerDrop and early exit on all-MiniLM-L6-v2, on this CPU.
+
+Parts (``--parts``, all by default), each writing its numbers into benchmarks/results/distill.json and a
+table into distill.md; finished runs are kept in ``--workdir`` (default benchmarks/results/distill-runs.tmp,
+git-ignored) and reused, so a part can be rerun alone:
+
+* ``embeddings``: MiniLM (6 blocks) -> 3 blocks (0, 2, 4) by sentence-embedding distillation on 22,703
+  unlabelled sentences (data/sentences, from the VADER archive); agreement with the teacher on 1,000
+  held-out sentences (Spearman of the pairwise cosines, top-10 neighbour overlap) before and after;
+  speed-up of the student's embeddings (fast path, batch 32, median of alternating rounds).
+* ``task``: a MiniLM classifier fine-tuned on TREC-6 (the teacher) -> 3 blocks by task distillation (soft
+  targets T = 2, alpha = 0.5); against the same 3 blocks fine-tuned without a teacher; speed-up of the
+  classifier on the 500 test questions.
+* ``layerdrop``: TREC-6 fine-tuning with LayerDrop p = 0.2, then pruned to k = 1..6 blocks ("every
+  other", ``spread_blocks``), against the teacher (trained without LayerDrop) pruned the same way.
+* ``exits``: early exits on the frozen teacher; accuracy / average blocks / wall time over entropy
+  thresholds and patience.
+
+    python data/fetch_data.py && python benchmarks/bench_distill.py        # ~1.5 hours on 2 cores
+    python benchmarks/bench_distill.py --quick                              # slices, ~6 minutes (smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "data"))
+
+from fetch_data import fetch_sentences, fetch_trec  # noqa: E402
+
+from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # noqa: E402
+from minibert.hardware import cpu_info  # noqa: E402
+from minibert.tools import fast  # noqa: E402
+from minibert.training import depth, distill, tasks  # noqa: E402
+from minibert.training.datasets import read_table  # noqa: E402
+from minibert.training.loop import FitConfig  # noqa: E402
+
+MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
+PARTS = ("embeddings", "task", "layerdrop", "exits")
+MAX_LENGTH, BATCH = 64, 16  # TREC fine-tuning, as benchmarks/bench_finetune.py
+
+
+def lines(path: Path, n: int | None = None) -> list[str]:
+    out = [t for t in path.read_text(encoding="utf-8").split("\n") if t.strip()]
+    return out[:n] if n else out
+
+
+def alternate(fns: dict, rounds: int) -> dict:
+    """Median seconds of each function, called in alternation ``rounds`` times (after one warm-up each)."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def teacher_dir(args, trec: Path) -> Path:
+    """The TREC-6 teacher: MiniLM fine-tuned (full recipe, 3 epochs), made once and reused."""
+    out = args.workdir / "trec-teacher"
+    if not (out / "model.safetensors").exists():
+        tasks.finetune(args.train, trec / "test.csv", MODEL, out, config=FitConfig(epochs=args.epochs, progress=False),
+                       batch_size=BATCH, max_length=MAX_LENGTH)
+    return out
+
+
+def best_accuracy(directory: Path) -> tuple[float, int]:
+    history = json.loads((directory / "metrics.json").read_text())
+    return history["best_metric"], history["best_epoch"]
+
+
+# ------------------------------------------------------------------------------------------------ parts
+def part_embeddings(args, results):
+    sentences = fetch_sentences()
+    texts = lines(sentences / "train.txt", 2000 if args.quick else None)
+    held = lines(sentences / "held.txt", 200 if args.quick else None)
+    teacher = BertModel.from_pretrained(MODEL, mlm_head=False).eval()
+    tokenizer = BertTokenizer.from_pretrained(MODEL)
+    reference = distill.embed(teacher, tokenizer, held, max_length=128)
+    out = {"train_texts": len(texts), "held_texts": len(held), "runs": []}
+    for blocks in ([0, 2, 4], [1, 3, 5]):
+        student = distill.init_student(teacher, blocks)
+        before = distill.embedding_agreement(reference, distill.embed(student, tokenizer, held, max_length=128))
+        out.setdefault("before", {})[str(blocks)] = before
+    for name, options in args.embedding_runs:
+        directory = args.workdir / f"embeddings-{name}"
+        if not (directory / "metrics.json").exists():
+            student = distill.init_student(teacher, [0, 2, 4]).train()
+            distill.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, out_dir=directory,
+                                       config=FitConfig(epochs=args.embedding_epochs, lr=options.pop("lr"),
+                                                        progress=False),
+                                       batch_size=32, max_length=128, log=print, **options)
+        history = json.loads((directory / "metrics.json").read_text())
+        best = history["epochs"][history["best_epoch"] - 1]
+        out["runs"].append({"name": name, "best_epoch": history["best_epoch"], **best["eval"],
+                            "seconds_per_epoch": statistics.mean(e["seconds"] for e in history["epochs"])})
+    student = BertModel.from_pretrained(args.workdir / f"embeddings-{args.embedding_runs[0][0]}").eval()
+    batch = tokenizer(held[:32], padding=True, truncation=True, return_tensors="pt")
+    one = tokenizer(held[:1], return_tensors="pt")
+    t_fast, s_fast = fast.prepare(teacher), fast.prepare(student)
+    times = alternate({"teacher_corpus": lambda: distill.embed(teacher, tokenizer, held, max_length=128),
+                       "student_corpus": lambda: distill.embed(student, tokenizer, held, max_length=128),
+                       "teacher_32": lambda: t_fast(**batch), "student_32": lambda: s_fast(**batch),
+                       "teacher_1": lambda: t_fast(**one), "student_1": lambda: s_fast(**one)}, args.rounds)
+    out["speed"] = {**times, "speedup_corpus": times["teacher_corpus"] / times["student_corpus"],
+                    "speedup_32": times["teacher_32"] / times["student_32"],
+                    "speedup_1": times["teacher_1"] / times["student_1"]}
+    results["embeddings"] = out
+
+
+def part_task(args, results):
+    trec = fetch_trec()
+    teacher = teacher_dir(args, trec)
+    student_dir = args.workdir / "trec-distilled"
+    if not (student_dir / "metrics.json").exists():
+        distill.distill_task(args.train, trec / "test.csv", teacher, student_dir, student_blocks=[0, 2, 4],
+                             temperature=2.0, alpha=0.5, config=FitConfig(epochs=args.epochs, progress=False),
+                             batch_size=BATCH, max_length=MAX_LENGTH)
+    baseline_dir = args.workdir / "trec-3blocks-no-teacher"
+    if not (baseline_dir / "metrics.json").exists():
+        shallow = args.workdir / "minilm-3blocks"
+        distill.init_student(BertModel.from_pretrained(MODEL, mlm_head=False), [0, 2, 4]).save_pretrained(shallow)
+        tasks.copy_tokenizer(MODEL, shallow)
+        tasks.finetune(args.train, trec / "test.csv", shallow, baseline_dir,
+                       config=FitConfig(epochs=args.epochs, progress=False), batch_size=BATCH, max_length=MAX_LENGTH)
+    t_acc, t_epoch = best_accuracy(teacher)
+    s_acc, s_epoch = best_accuracy(student_dir)
+    b_acc, b_epoch = best_accuracy(baseline_dir)
+    test = read_table(trec / "test.csv")
+    tokenizer = BertTokenizer.from_pretrained(teacher)
+    t_model = BertForSequenceClassification.from_pretrained(teacher).eval()
+    s_model = BertForSequenceClassification.from_pretrained(student_dir).eval()
+    t_run, s_run = fast.prepare(t_model.bert), fast.prepare(s_model.bert)
+    batches = [tokenizer(test.texts[i:i + 32], padding=True, truncation=True, max_length=MAX_LENGTH,
+                         return_tensors="pt") for i in range(0, len(test.texts), 32)]
+
+    def classify(model, run):
+        with torch.inference_mode():
+            for batch in batches:
+                model.classifier(run(**batch).pooler_output)
+    times = alternate({"teacher": lambda: classify(t_model, t_run), "student": lambda: classify(s_model, s_run)},
+                      args.rounds)
+    results["task"] = {"teacher_accuracy": t_acc, "teacher_epoch": t_epoch, "student_accuracy": s_acc,
+                       "student_epoch": s_epoch, "share_of_teacher": s_acc / t_acc,
+                       "no_teacher_accuracy": b_acc, "no_teacher_epoch": b_epoch,
+                       "seconds_teacher": times["teacher"], "seconds_student": times["student"],
+                       "speedup": times["teacher"] / times["student"], "test_questions": len(test.texts)}
+
+
+def part_layerdrop(args, results):
+    trec = fetch_trec()
+    teacher = teacher_dir(args, trec)
+    dropped = args.workdir / "trec-layerdrop"
+    if not (dropped / "metrics.json").exists():
+        tasks.finetune(args.train, trec / "test.csv", MODEL, dropped, layerdrop=args.p,
+                       config=FitConfig(epochs=args.epochs, progress=False), batch_size=BATCH, max_length=MAX_LENGTH)
+    test = read_table(trec / "test.csv")
+    tokenizer = BertTokenizer.from_pretrained(teacher)
+    table = []
+    for name, directory in (("without LayerDrop", teacher), (f"LayerDrop p={args.p}", dropped)):
+        model = BertForSequenceClassification.from_pretrained(directory)
+        N = model.config.num_hidden_layers
+        for k in range(N, 0, -1):
+            for strategy, blocks in (("every other", depth.spread_blocks(N, k)), ("bottom k", list(range(k)))):
+                if strategy == "bottom k" and k == N:
+                    continue
+                pruned = distill.init_student(model, blocks).eval()
+                predicted = [p["label"] for p in pruned.predict(test.texts, tokenizer=tokenizer, max_length=MAX_LENGTH)]
+                accuracy = sum(p == g for p, g in zip(predicted, test.labels)) / len(test.labels)
+                table.append({"model": name, "blocks_kept": k, "strategy": strategy, "blocks": blocks,
+                              "accuracy": accuracy})
+    results["layerdrop"] = {"p": args.p, "table": table, "trained_accuracy": {
+        "without LayerDrop": best_accuracy(teacher)[0], f"LayerDrop p={args.p}": best_accuracy(dropped)[0]}}
+
+
+def part_exits(args, results):
+    trec = fetch_trec()
+    teacher = teacher_dir(args, trec)
+    out = {}
+    for mode, joint in (("frozen", False),):
+        directory = args.workdir / f"trec-exits-{mode}"
+        if not (directory / "exits.json").exists():
+            depth.train_exits(teacher, args.train, trec / "test.csv", directory, joint=joint,
+                              config=FitConfig(epochs=2, lr=1e-4, progress=False), batch_size=BATCH,
+                              max_length=MAX_LENGTH, log=print)
+        best = depth.EarlyExit.from_pretrained(directory)
+        test = read_table(trec / "test.csv")
+        tokenizer = BertTokenizer.from_pretrained(teacher)
+        rows = depth.exit_curve(best, tokenizer, test.texts, test.labels, rounds=args.rounds, max_length=MAX_LENGTH)
+        saved = json.loads((directory / "exits.json").read_text())
+        out[mode] = {"exit_accuracy": saved["exit_accuracy"], "curve": rows}
+    results["exits"] = out
+
+
+# ---------------------------------------------------------------------------------------------- report
+def markdown(results: dict, header: str) -> str:
+    md = ["# Distillation and adaptive depth (all-MiniLM-L6-v2)", "", header, ""]
+    if "embeddings" in results:
+        e = results["embeddings"]
+        md += ["## Sentence-embedding distillation: 6 -> 3 blocks", "",
+               f"Student: teacher blocks 0, 2, 4; trained on {e['train_texts']:,} unlabelled sentences, agreement "
+               f"measured on {e['held_texts']:,} held-out ones (Spearman of all pairwise cosine similarities; "
+               "share of each sentence's 10 nearest neighbours both models agree on).", "",
+               "| student | Spearman | top-10 overlap | best epoch | s / epoch |", "|---|---|---|---|---|"]
+        for blocks, before in e["before"].items():
+            md.append(f"| blocks {blocks}, before training | {before['spearman']:.4f} | {before['top_k_overlap']:.3f} | - | - |")
+        for run in e["runs"]:
+            md.append(f"| 0, 2, 4 distilled: {run['name']} | **{run['spearman']:.4f}** | {run['top_k_overlap']:.3f} | "
+                      f"{run['best_epoch']} | {run['seconds_per_epoch']:.0f} |")
+        s = e["speed"]
+        md += ["", f"Speed-up of the 3-block student (fast path, median of alternating rounds): embedding the "
+               f"{e['held_texts']} held-out sentences **{s['speedup_corpus']:.2f}x** ({s['teacher_corpus']:.2f} s -> "
+               f"{s['student_corpus']:.2f} s), one batch of 32 {s['speedup_32']:.2f}x, one sentence "
+               f"{s['speedup_1']:.2f}x.", ""]
+    if "task" in results:
+        t = results["task"]
+        md += ["## Task distillation: TREC-6", "",
+               "| model | blocks | TREC-6 test accuracy | share of the teacher's |", "|---|---|---|---|",
+               f"| teacher (MiniLM fine-tuned, full recipe) | 6 | {t['teacher_accuracy']:.4f} | 100 % |",
+               f"| student, distilled (T = 2, alpha = 0.5) | 3 | **{t['student_accuracy']:.4f}** | "
+               f"**{t['share_of_teacher']:.1%}** |",
+               f"| same 3 blocks fine-tuned without a teacher | 3 | {t['no_teacher_accuracy']:.4f} | "
+               f"{t['no_teacher_accuracy'] / t['teacher_accuracy']:.1%} |", "",
+               f"Classifying the {t['test_questions']} test questions (fast path, batches of 32): teacher "
+               f"{t['seconds_teacher']:.2f} s, student {t['seconds_student']:.2f} s: **{t['speedup']:.2f}x**.", ""]
+    if "layerdrop" in results:
+        ld = results["layerdrop"]
+        names = list(ld["trained_accuracy"])
+        md += ["## LayerDrop: accuracy vs blocks kept (TREC-6 test)", "",
+               f"Fine-tuned with and without LayerDrop (p = {ld['p']}), then pruned without further training. "
+               "\"every other\" keeps evenly spread blocks including the top one (`depth.spread_blocks`); "
+               "\"bottom k\" keeps blocks 0..k-1.", "",
+               "| blocks kept | which | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        keys = sorted({(r["blocks_kept"], r["strategy"], tuple(r["blocks"])) for r in ld["table"]},
+                      key=lambda k: (-k[0], k[1]))
+        for k, strategy, blocks in keys:
+            cells = [next(f"{r['accuracy']:.4f}" for r in ld["table"] if r["model"] == n and r["blocks_kept"] == k
+                          and r["strategy"] == strategy) for n in names]
+            md.append(f"| {k} | {strategy} {list(blocks)} | " + " | ".join(cells) + " |")
+        md.append("")
+    if "exits" in results:
+        for mode, x in results["exits"].items():
+            md += [f"## Early exit on the TREC-6 teacher ({mode} model, exits trained 2 epochs)", "",
+                   "Accuracy of each exit alone: " + ", ".join(f"block {i}: {a:.4f}" for i, a in
+                                                                enumerate(x["exit_accuracy"])) + ".", "",
+                   depth.curve_table(x["curve"]), ""]
+    return "\n".join(md)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--quick", action="store_true", help="slices of the data, one epoch: a smoke run")
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    suffix = "_quick" if args.quick else ""
+    args.workdir = args.workdir or ROOT / "benchmarks" / "results" / f"distill-runs{suffix}.tmp"
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.epochs = 1 if args.quick else 3
+    args.embedding_epochs = 1 if args.quick else 3
+    args.p = 0.2
+    args.embedding_runs = [("MSE on unit vectors, lr 2e-4", {"normalize": True, "lr": 2e-4})]
+    trec = fetch_trec()
+    args.train = trec / "train.csv"
+    if args.quick:
+        args.train = args.workdir / "trec-train-slice.csv"
+        all_rows = (trec / "train.csv").read_text(encoding="utf-8").splitlines()
+        args.train.write_text("\n".join(all_rows[:601]) + "\n", encoding="utf-8")
+        args.rounds = min(args.rounds, 2)
+    json_path = ROOT / "benchmarks" / "results" / f"distill{suffix}.json"
+    results = json.loads(json_path.read_text()) if json_path.exists() else {}
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    for part in parts:
+        if part not in PARTS:
+            parser.error(f"--parts: {part!r} is not one of {PARTS}")
+    name, flags = cpu_info()
+    shown = sorted(f for f in flags if f.startswith(("avx", "amx")))
+    header = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {name} (CPU flags: "
+              f"{', '.join(shown) or 'no AVX'}); fp32.")
+    for part in parts:
+        started = time.perf_counter()
+        globals()[f"part_{part}"](args, results)
+        results.setdefault("seconds", {})[part] = time.perf_counter() - started
+        results["header"] = header
+        json_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        json_path.with_suffix(".md").write_text(markdown(results, header) + "\n", encoding="utf-8")
+        print(f"{part}: done in {time.perf_counter() - started:.0f} s", flush=True)
+    print(json_path.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

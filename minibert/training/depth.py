@@ -1,0 +1,382 @@
+"""Adaptive depth: spend fewer blocks, chosen once for a model or per input.
+
+* **LayerDrop** (Fan et al. 2019, "Reducing Transformer Depth on Demand with Structured Dropout"): while
+  fine-tuning, each block is skipped (the identity) with probability ``p`` on every forward pass, so the
+  model learns not to rely on any one block; afterwards it can be pruned to any subset of blocks
+  (``keep_blocks``; "every other" from the top: ``spread_blocks``) with little loss.
+
+      drop = layerdrop(model, p=0.2, seed=0)   # a forward pre-hook: nothing in model.py changes
+      fit(model, batches, ...)
+      drop.remove()
+      small = keep_blocks(model, spread_blocks(6, 3))   # blocks 1, 3, 5
+
+* **Early exit** (DeeBERT, Xin et al. 2020; PABEE, Zhou et al. 2020): a classifier after every block
+  ("off-ramp": the pooler's tanh layer and a linear layer, started as copies of the model's own pooler
+  and classifier); the model's own pooler and classifier are the last exit. Trained on a frozen,
+  fine-tuned model (``EarlyExit(model)``: only the ramps learn) or jointly (``frozen=False``: everything
+  learns, exit i's loss weighted by i + 1, as PABEE). At inference a row leaves the batch at the first
+  exit whose prediction is confident (softmax entropy below ``entropy``) or, with ``patience=k``, once
+  k consecutive exits agree; the rows still running go on through the packed fast path
+  (``tools.fast.Stepper``), so a finished row costs nothing more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import InputError
+from ..heads import BertForSequenceClassification, sequence_loss
+from ..inputs import check_index
+from ..tools.fast import Stepper
+
+
+# ---------------------------------------------------------------------------------------------- LayerDrop
+def spread_blocks(num_blocks: int, keep: int) -> list[int]:
+    """``keep`` blocks of ``num_blocks``, evenly spread and always including the top one (which the head
+    was trained on): 6 -> 3 gives 1, 3, 5 (LayerDrop's "every other"); 6 -> 2 gives 2, 5; 6 -> 1 gives 5."""
+    check_index("keep", keep, 1, num_blocks, f"blocks to keep of {num_blocks}")
+    return [(i + 1) * num_blocks // keep - 1 for i in range(keep)]
+
+
+class LayerDrop:
+    """Skips each block with probability ``p`` on every training forward pass of ``model`` (a BertModel
+    or a task model with ``.bert``); in eval mode it does nothing. At least one block always runs. Draws
+    come from its own generator (``seed``), so a run is repeatable. ``remove()`` takes it off."""
+
+    def __init__(self, model: nn.Module, p: float, *, seed: int = 0):
+        if not 0 <= p < 1:
+            raise InputError(f"LayerDrop p={p!r} must be in [0, 1)")
+        self.encoder = getattr(model, "bert", model)
+        self.p = float(p)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.dropped: list[list[int]] = []  # the blocks skipped on each training pass (the last 1000)
+        self.handle = self.encoder.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+
+    def _pre_forward(self, module, args, kwargs):
+        if not module.training or not self.p:
+            return None
+        N = module.config.num_hidden_layers
+        drop = (torch.rand(N, generator=self.generator) < self.p).tolist()
+        if all(drop):  # keep one block, chosen at random
+            drop[int(torch.randint(N, (1,), generator=self.generator))] = False
+        skipped = [i for i, d in enumerate(drop) if d]
+        self.dropped = (self.dropped + [skipped])[-1000:]
+        kwargs = dict(kwargs)
+        kwargs["skip_blocks"] = tuple(sorted(set(kwargs.get("skip_blocks") or ()) | set(skipped)))
+        return args, kwargs
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def layerdrop(model: nn.Module, p: float, *, seed: int = 0) -> LayerDrop:
+    """Start LayerDrop on ``model`` (see ``LayerDrop``); returns it (``.remove()`` stops it)."""
+    return LayerDrop(model, p, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------- early exit
+@dataclass
+class ExitOutput:
+    logits: torch.Tensor  # (N exits, B, C): exit i reads block i's output
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class ExitPrediction:
+    logits: torch.Tensor  # (B, C): each row's logits at the exit it took
+    exits: torch.Tensor  # (B,): the block after which each row exited (0..N-1); it ran exits + 1 blocks
+
+    @property
+    def blocks_run(self) -> float:
+        """The average number of blocks a row ran."""
+        return float(self.exits.float().mean()) + 1
+
+
+class EarlyExit(nn.Module):
+    """A BertForSequenceClassification with an exit after every block (see the module docstring)."""
+
+    EXITS_FILE = "early_exits.safetensors"
+
+    def __init__(self, model: BertForSequenceClassification, *, frozen: bool = True):
+        super().__init__()
+        if not isinstance(model, BertForSequenceClassification) or model.bert.pooler is None:
+            raise InputError("EarlyExit takes a BertForSequenceClassification (with its pooler)")
+        kind = model.config.problem_type or ("regression" if model.config.num_labels == 1 else "single_label_classification")
+        if kind != "single_label_classification":
+            raise InputError(f"early exit needs a single-label classifier; this model's problem is {kind}")
+        self.model, self.frozen, self.config = model, bool(frozen), model.config
+        N = model.config.num_hidden_layers
+        self.ramps = nn.ModuleList(self._ramp_from(model) for _ in range(N - 1))  # exits after blocks 0..N-2
+        if frozen:
+            for p in model.parameters():
+                p.requires_grad_(False)
+
+    @staticmethod
+    def _ramp_from(model) -> nn.Sequential:
+        """tanh(W h_[CLS] + b) then dropout and a linear layer: the model's pooler and classifier, copied."""
+        H, C = model.config.hidden_size, model.config.num_labels
+        ramp = nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Dropout(model.dropout.p), nn.Linear(H, C))
+        with torch.no_grad():
+            ramp[0].load_state_dict(model.bert.pooler.dense.state_dict())
+            ramp[3].load_state_dict(model.classifier.state_dict())
+        return ramp
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.frozen:
+            self.model.eval()  # a frozen model has no dropout either
+        return self
+
+    def exit_logits(self, i: int, first_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, C) of exit ``i`` from block i's [CLS] vectors (B, H)."""
+        if i == len(self.ramps):  # the last exit: the model's own pooler and classifier
+            pooled = self.model.bert.pooler.hook_output(torch.tanh(self.model.bert.pooler.dense(first_tokens)))
+            return self.model.classifier(self.model.dropout(pooled))
+        return self.ramps[i](first_tokens)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None) -> ExitOutput:
+        """Every exit's logits; with labels, the training loss: the mean of the ramps' losses (frozen), or
+        PABEE's weighted mean over all exits, weight i + 1 for exit i (joint)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
+            out = self.model.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        states = out.hidden_states[1:]  # block outputs, (B, T, H) each
+        logits = torch.stack([self.exit_logits(i, h[:, 0]) for i, h in enumerate(states)])  # (N, B, C)
+        loss = None
+        if labels is not None:
+            losses = torch.stack([sequence_loss(z, labels, self.config) for z in logits])  # (N,)
+            if self.frozen:
+                loss = losses[:-1].mean()
+            else:
+                weights = torch.arange(1, len(losses) + 1, dtype=losses.dtype)
+                loss = (weights * losses).sum() / weights.sum()
+        return ExitOutput(logits, loss)
+
+    @torch.no_grad()
+    def predict_batch(self, input_ids, attention_mask=None, token_type_ids=None, *, entropy: float | None = None,
+                      patience: int | None = None) -> ExitPrediction:
+        """Each row exits at the first exit whose softmax entropy (nats) is below ``entropy``, or, with
+        ``patience=k``, at the first exit whose prediction equals the previous k - 1 exits' (the k-th in a
+        row); else at the last. Exited rows leave the packed batch."""
+        if (entropy is None) == (patience is None):
+            raise InputError("give exactly one of entropy= (a threshold in nats, >= 0) or patience= (exits that agree)")
+        if entropy is not None and not entropy >= 0:
+            raise InputError(f"entropy={entropy!r} must be >= 0 (0 = never exit early)")
+        N = len(self.ramps) + 1
+        if patience is not None:
+            check_index("patience", patience, 1, N, f"consecutive exits of {N}")
+        was_training = self.training
+        self.eval()
+        try:
+            steps = Stepper(self.model.bert, input_ids, attention_mask, token_type_ids)
+            B = len(steps.rows)
+            final_logits = torch.zeros(B, self.config.num_labels)
+            exits = torch.full((B,), N - 1)
+            streak = torch.zeros(B, dtype=torch.long)
+            previous = torch.full((B,), -1)
+            for i in range(N):
+                steps.run_block(i)
+                z = self.exit_logits(i, steps.first_tokens()).float()  # (rows left, C)
+                rows = steps.rows
+                if entropy is not None:
+                    p = z.softmax(-1)
+                    done = -(torch.xlogy(p, p)).sum(-1) < entropy
+                else:
+                    guess = z.argmax(-1)
+                    streak[rows] = torch.where(guess == previous[rows], streak[rows] + 1, torch.ones_like(guess))
+                    previous[rows] = guess
+                    done = streak[rows] >= patience
+                if i == N - 1:
+                    done = torch.ones_like(done)
+                final_logits[rows[done]] = z[done]
+                exits[rows[done]] = i
+                if i < N - 1:
+                    steps.keep(~done)
+                    if not len(steps.rows):
+                        break
+            return ExitPrediction(final_logits, exits)
+        finally:
+            self.train(was_training)
+
+    def predict(self, texts, *, tokenizer, entropy: float | None = None, patience: int | None = None,
+                batch_size: int = 32, max_length: int | None = 128) -> tuple[list[str], list[int]]:
+        """Labels and exit blocks for ``texts`` (batched in length order, results in input order)."""
+        names = [self.config.id2label[i] for i in range(self.config.num_labels)]
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        labels, exits = [None] * len(texts), [None] * len(texts)
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
+                              return_tensors="pt")
+            out = self.predict_batch(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
+                                     entropy=entropy, patience=patience)
+            for i, z, e in zip(rows, out.logits, out.exits.tolist()):
+                labels[i], exits[i] = names[int(z.argmax())], e
+        return labels, exits
+
+    def save_pretrained(self, directory) -> None:
+        """The classifier's checkpoint (transformers loads it as a plain classifier) and the ramps beside it
+        in ``early_exits.safetensors``."""
+        self.model.save_pretrained(directory)
+        save_file({k: v.detach().contiguous() for k, v in self.ramps.state_dict().items()},
+                  Path(directory) / self.EXITS_FILE)
+
+    @classmethod
+    def from_pretrained(cls, directory) -> "EarlyExit":
+        model = BertForSequenceClassification.from_pretrained(directory)
+        path = Path(directory) / cls.EXITS_FILE
+        if not path.exists():
+            raise InputError(f"{directory} has no {cls.EXITS_FILE}: it is a plain classifier, not an early-exit one")
+        ee = cls(model)
+        state = load_file(path)
+        expected = ee.ramps.state_dict()
+        if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in expected):
+            raise InputError(f"{path} does not fit this model's {len(ee.ramps)} exits")
+        ee.ramps.load_state_dict(state)
+        return ee.eval()
+
+
+def entropy_thresholds(num_labels: int, steps: int = 8) -> list[float]:
+    """Thresholds from 0 (never exit early) to log(C) (always exit at the first block), evenly spread."""
+    top = math.log(num_labels)
+    return [top * i / steps for i in range(steps + 1)]
+
+
+# ------------------------------------------------------------------------------------ training and report
+def exit_accuracies(ee: EarlyExit, tokenizer, texts, labels, *, batch_size: int = 64, max_length: int | None = 128) -> list[float]:
+    """The accuracy of every exit on its own (all rows through all blocks)."""
+    names = [ee.config.id2label[i] for i in range(ee.config.num_labels)]
+    correct = torch.zeros(len(ee.ramps) + 1)
+    was_training = ee.training
+    ee.eval()
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
+                              max_length=max_length, return_tensors="pt")
+            guesses = ee(**batch).logits.argmax(-1)  # (N, B)
+            gold = torch.tensor([names.index(str(y)) for y in labels[start:start + batch_size]])
+            correct += (guesses == gold).sum(1)
+    ee.train(was_training)
+    return (correct / len(texts)).tolist()
+
+
+def exit_curve(ee: EarlyExit, tokenizer, texts, labels, *, entropies=None, patiences=None, rounds: int = 1,
+               batch_size: int = 32, max_length: int | None = 128) -> list[dict]:
+    """Accuracy, average blocks run and wall time for each exit rule on ``texts``, and for the plain model
+    on the fast path (``rule: "full model"``); times are the median of ``rounds`` rounds that alternate
+    the rules, and ``speedup`` is the full model's time over the rule's."""
+    import statistics
+    import time
+
+    from ..tools import fast
+
+    entropies = entropy_thresholds(ee.config.num_labels) if entropies is None else list(entropies)
+    patiences = list(range(1, len(ee.ramps) + 2)) if patiences is None else list(patiences)
+    rules = [("full model", None)] + [("entropy", e) for e in entropies] + [("patience", k) for k in patiences]
+    names = [ee.config.id2label[i] for i in range(ee.config.num_labels)]
+    gold = [str(y) for y in labels]
+    model = ee.model
+    run = fast.prepare(model.bert)
+
+    def full():
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = [None] * len(texts)
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                rows = order[start:start + batch_size]
+                batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
+                                  return_tensors="pt")
+                logits = model.classifier(run(**batch).pooler_output)
+                for i, z in zip(rows, logits):
+                    out[i] = names[int(z.argmax())]
+        return out, [len(ee.ramps)] * len(texts)
+
+    ee.eval()
+    times = {rule: [] for rule in rules}
+    results = {}
+    for _ in range(max(1, rounds)):
+        for rule in rules:
+            started = time.perf_counter()
+            if rule[0] == "full model":
+                results[rule] = full()
+            else:
+                kind, value = rule
+                results[rule] = ee.predict(texts, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
+                                           **{kind: value})
+            times[rule].append(time.perf_counter() - started)
+    base = statistics.median(times[rules[0]])
+    rows = []
+    for rule in rules:
+        predicted, exits = results[rule]
+        seconds = statistics.median(times[rule])
+        rows.append({"rule": rule[0], "value": rule[1],
+                     "accuracy": sum(p == g for p, g in zip(predicted, gold)) / len(gold),
+                     "blocks": sum(exits) / len(exits) + 1, "seconds": seconds, "speedup": base / seconds})
+    return rows
+
+
+def curve_table(rows: list[dict]) -> str:
+    """The exit curve as a markdown table."""
+    lines = ["| exit rule | accuracy | average blocks run | seconds | speed-up vs full model |", "|---|---|---|---|---|"]
+    for r in rows:
+        rule = r["rule"] if r["value"] is None else (f"entropy < {r['value']:.3f}" if r["rule"] == "entropy"
+                                                     else f"patience {r['value']}")
+        lines.append(f"| {rule} | {r['accuracy']:.4f} | {r['blocks']:.2f} | {r['seconds']:.2f} | {r['speedup']:.2f}x |")
+    return "\n".join(lines)
+
+
+def train_exits(model_source, train_path, eval_path, out_dir, *, joint: bool = False, config=None,
+                batch_size: int = 16, max_length: int = 128, text_column: str = "text", label_column: str = "label",
+                rounds: int = 1, log=None) -> str:
+    """``minibert exits``: exits on a fine-tuned classifier (frozen, or ``joint``), trained on ``train_path``;
+    the classifier with its exits, the tokenizer and ``exits.json`` (per-exit accuracy and the curve on
+    ``eval_path``) written to ``out_dir``. Returns the curve as a markdown table."""
+    import json
+
+    from ..tokenizer import BertTokenizer
+    from .data import classification_batches
+    from .datasets import read_table
+    from .loop import FitConfig, fit
+    from .tasks import copy_tokenizer
+
+    config = config or FitConfig(epochs=2)
+    model = BertForSequenceClassification.from_pretrained(model_source)
+    tokenizer = BertTokenizer.from_pretrained(model_source)
+    ee = EarlyExit(model, frozen=not joint)
+    train = read_table(train_path, text_column=text_column, label_column=label_column)
+    held = read_table(eval_path, text_column=text_column, label_column=label_column)
+    label2id = model.config.label2id
+    unknown = sorted(set(map(str, train.labels + held.labels)) - set(label2id))
+    if unknown:
+        raise InputError(f"the data has label(s) {unknown[:5]} that {model_source} does not predict "
+                         f"(it knows {sorted(label2id)[:10]})")
+    batches = classification_batches(tokenizer, train.texts, [label2id[str(y)] for y in train.labels],
+                                     batch_size=batch_size, max_length=max_length, seed=config.seed)
+
+    def evaluate(m):
+        accuracies = exit_accuracies(m, tokenizer, held.texts, held.labels, max_length=max_length)
+        return {"mean_exit_accuracy": sum(accuracies) / len(accuracies),
+                **{f"exit_{i}": a for i, a in enumerate(accuracies)}}
+
+    def report(record):
+        if log is not None:
+            shown = ", ".join(f"{v:.3f}" for k, v in record["eval"].items() if k.startswith("exit_"))
+            log(f"epoch {record['epoch']}/{config.epochs}: train loss {record['train_loss']:.4f}, accuracy per exit "
+                f"{shown}, {record['seconds']:.1f} s")
+
+    history = fit(ee, batches, config=config, evaluate=evaluate, metric="mean_exit_accuracy", out_dir=out_dir,
+                  on_epoch_end=report)
+    best = EarlyExit.from_pretrained(out_dir)
+    copy_tokenizer(model_source, out_dir)
+    rows = exit_curve(best, tokenizer, held.texts, held.labels, rounds=rounds, max_length=max_length)
+    (Path(out_dir) / "exits.json").write_text(json.dumps({
+        "joint": joint, "best_epoch": history.best_epoch,
+        "exit_accuracy": exit_accuracies(best, tokenizer, held.texts, held.labels, max_length=max_length),
+        "curve": rows}, indent=2) + "\n", encoding="utf-8")
+    return curve_table(rows)

@@ -1,0 +1,427 @@
+"""Distillation: a shallower student learns to behave like its teacher.
+
+A student is the teacher with fewer blocks -- its embeddings, the chosen blocks (every other one by
+default, as DistilBERT), its pooler and head, copied -- and then trained to match the teacher:
+
+    sentence embeddings (sentence-transformers' model distillation), on unlabelled text:
+        loss = MSE(pool(student), pool(teacher))                               pooled sentence vectors
+    task (Hinton et al. 2015; DistilBERT), on labelled data, from a fine-tuned teacher:
+        loss = alpha * T^2 * KL(softmax(z_t / T) || softmax(z_s / T)) + (1 - alpha) * CE(z_s, y)
+
+and, in either mode, optional terms on the inside of the stack (TinyBERT, MiniLM), through a layer map
+``{student hidden state i: teacher hidden state j}`` (0 = the embedding output; by default the uniform
+map i -> i * N / M of TinyBERT, the student's last state on the teacher's last):
+
+        + hidden_weight    * mean over mapped i of MSE(h_s[i], h_t[j])          over real tokens
+        + attention_weight * mean over mapped i of KL(A_t[j] || A_s[i])         attention distributions of
+                                                                                 the blocks that made them,
+                                                                                 every head, real queries
+
+``T^2`` keeps the soft term's gradient on the scale of the hard one's whatever the temperature.
+
+    from minibert.training.distill import init_student, distill_embeddings, embedding_agreement
+    student = init_student(teacher, blocks=[0, 2, 4])                   # 6 -> 3 blocks
+    distill_embeddings(teacher, student, tokenizer, texts, config=FitConfig(epochs=1, lr=1e-4))
+    embedding_agreement(embed(teacher, tok, held), embed(student, tok, held))  # {"spearman", "top_k_overlap", ...}
+
+``minibert distill`` runs both modes from files.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..analysis.layers import pool
+from ..errors import InputError
+from ..heads import BertForSequenceClassification, BertForTokenClassification
+from ..inputs import check_index
+from ..model import BertModel
+from ..tokenizer import BertTokenizer
+from ..tools import fast
+from ..tools.surgery import keep_blocks
+from . import metrics
+from .data import _epoch_rows, classification_batches, tag_words, tagging_batches
+from .datasets import read_table, read_tagged
+from .loop import FitConfig, History, fit
+from .tasks import copy_tokenizer
+
+POOLINGS = ("mean", "cls", "max")
+
+
+# --------------------------------------------------------------------------------------------- student
+def encoder_of(model: nn.Module) -> BertModel:
+    """The BertModel inside a task model (``model.bert``), or the model itself."""
+    encoder = getattr(model, "bert", model)
+    if not isinstance(encoder, BertModel):
+        raise InputError(f"expected a minibert BertModel or task model, got {type(model).__name__}")
+    return encoder
+
+
+def default_blocks(num_blocks: int) -> list[int]:
+    """Every other block from the bottom, as DistilBERT: 0, 2, 4 of 6; 0, 2, ..., 10 of 12."""
+    return list(range(0, num_blocks, 2))
+
+
+def init_student(teacher: nn.Module, blocks: Sequence[int] | None = None) -> nn.Module:
+    """A copy of ``teacher`` (a BertModel or a task model) with only the blocks ``blocks`` (default
+    every other one), in that order; embeddings, pooler and head are copied. The teacher is unchanged."""
+    encoder = encoder_of(teacher)
+    chosen = default_blocks(encoder.config.num_hidden_layers) if blocks is None else list(blocks)
+    return keep_blocks(teacher, chosen, what="student blocks")
+
+
+def uniform_layer_map(student_layers: int, teacher_layers: int) -> dict[int, int]:
+    """TinyBERT's uniform map on hidden states: student state i <- teacher state i * N / M (i = 1..M);
+    the embedding outputs (state 0) are left out."""
+    if teacher_layers % student_layers:
+        step = teacher_layers / student_layers
+        return {i: round(i * step) for i in range(1, student_layers + 1)}
+    return {i: i * teacher_layers // student_layers for i in range(1, student_layers + 1)}
+
+
+def parse_layer_map(text: str, student_layers: int, teacher_layers: int) -> dict[int, int]:
+    """``"1:2,2:4,3:6"`` -> {1: 2, 2: 4, 3: 6} (student hidden state : teacher hidden state, 0 = the
+    embeddings); ``"uniform"`` -> ``uniform_layer_map``."""
+    if text.strip() == "uniform":
+        return uniform_layer_map(student_layers, teacher_layers)
+    mapping = {}
+    for item in text.split(","):
+        s, sep, t = item.partition(":")
+        try:
+            i, j = int(s), int(t)
+        except ValueError:
+            raise InputError(f"layer map {text!r}: each item is student:teacher, e.g. 1:2,2:4,3:6; got {item!r}") from None
+        check_index("layer map: student hidden state", i, 0, student_layers, f"the student has states 0..{student_layers}")
+        check_index("layer map: teacher hidden state", j, 0, teacher_layers, f"the teacher has states 0..{teacher_layers}")
+        if i in mapping:
+            raise InputError(f"layer map {text!r} names student state {i} twice")
+        mapping[i] = j
+    return mapping
+
+
+# ---------------------------------------------------------------------------------------------- losses
+def soft_target_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(softmax(teacher / T) || softmax(student / T)), averaged over rows (..., C)."""
+    C = student_logits.shape[-1]
+    log_p_student = F.log_softmax(student_logits.reshape(-1, C).float() / temperature, -1)
+    log_p_teacher = F.log_softmax(teacher_logits.reshape(-1, C).float() / temperature, -1)
+    return F.kl_div(log_p_student, log_p_teacher, reduction="batchmean", log_target=True) * temperature**2
+
+
+def hidden_state_loss(student_states, teacher_states, layer_map: dict[int, int], mask) -> torch.Tensor:
+    """Mean over the map of the MSE between mapped hidden states, on real tokens only."""
+    real = mask.bool() if mask is not None else torch.ones(student_states[0].shape[:2], dtype=torch.bool,
+                                                            device=student_states[0].device)
+    losses = [F.mse_loss(student_states[i][real].float(), teacher_states[j][real].float()) for i, j in layer_map.items()]
+    return torch.stack(losses).mean()
+
+
+def attention_loss(student_probs, teacher_probs, layer_map: dict[int, int], mask) -> torch.Tensor:
+    """Mean over the map of KL(teacher || student) between the attention distributions of the blocks that
+    made the mapped states (state i comes from block i - 1), averaged over heads and real query rows."""
+    losses = []
+    for i, j in layer_map.items():
+        if i == 0 or j == 0:
+            continue  # the embedding output has no attention
+        s, t = student_probs[i - 1].float(), teacher_probs[j - 1].float()  # (B, heads, T, T)
+        kl = (torch.xlogy(t, t) - t * s.clamp_min(1e-30).log()).sum(-1)  # (B, heads, T); 0 * log 0 = 0
+        if mask is not None:
+            real = mask.bool()[:, None, :].expand_as(kl)
+            losses.append(kl[real].mean())
+        else:
+            losses.append(kl.mean())
+    if not losses:
+        raise InputError("attention distillation needs a layer map with a block output (state >= 1) on both sides")
+    return torch.stack(losses).mean()
+
+
+@dataclass
+class DistillOutput:
+    loss: torch.Tensor
+    parts: dict = field(default_factory=dict)  # each term's value, for logging
+
+
+class _Distiller(nn.Module):
+    """The student (trained) and the teacher (frozen, always in eval mode) in one module for ``fit``."""
+
+    def __init__(self, teacher: nn.Module, student: nn.Module, *, hidden_weight: float = 0.0,
+                 attention_weight: float = 0.0, layer_map: dict[int, int] | None = None):
+        super().__init__()
+        t, s = encoder_of(teacher).config, encoder_of(student).config
+        if (hidden_weight or attention_weight) and t.hidden_size != s.hidden_size:
+            raise InputError(f"hidden-state distillation needs the same width: teacher {t.hidden_size}, "
+                             f"student {s.hidden_size}")
+        if attention_weight and t.num_attention_heads != s.num_attention_heads:
+            raise InputError(f"attention distillation needs the same heads: teacher {t.num_attention_heads}, "
+                             f"student {s.num_attention_heads}")
+        for name, value in (("hidden_weight", hidden_weight), ("attention_weight", attention_weight)):
+            if not value >= 0:
+                raise InputError(f"{name}={value!r} must be >= 0")
+        self.teacher, self.student = teacher, student
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        self.config = s  # for fit's layer-wise options
+        self.hidden_weight, self.attention_weight = float(hidden_weight), float(attention_weight)
+        self.layer_map = layer_map or uniform_layer_map(s.num_hidden_layers, t.num_hidden_layers)
+        for i, j in self.layer_map.items():
+            check_index("layer map: student hidden state", i, 0, s.num_hidden_layers, "student states")
+            check_index("layer map: teacher hidden state", j, 0, t.num_hidden_layers, "teacher states")
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.teacher.eval()  # never dropout in the teacher
+        return self
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        # fit groups and layer-decays the student's parameters by their names in the student
+        return self.student.named_parameters(prefix, recurse, remove_duplicate)
+
+    def save_pretrained(self, directory) -> None:
+        self.student.save_pretrained(directory)
+
+    def _inside_terms(self, s_out, t_out, mask) -> dict:
+        parts = {}
+        if self.hidden_weight:
+            parts["hidden"] = self.hidden_weight * hidden_state_loss(s_out.hidden_states, t_out.hidden_states,
+                                                                     self.layer_map, mask)
+        if self.attention_weight:
+            parts["attention"] = self.attention_weight * attention_loss(s_out.attentions, t_out.attentions,
+                                                                        self.layer_map, mask)
+        return parts
+
+
+class EmbeddingDistiller(_Distiller):
+    """Sentence-embedding distillation: the student's pooled vectors regress the teacher's (MSE), with
+    ``normalize`` comparing unit vectors (for models used through cosine similarity)."""
+
+    def __init__(self, teacher: BertModel, student: BertModel, *, pooling: str = "mean", normalize: bool = False,
+                 **inside):
+        super().__init__(teacher, student, **inside)
+        if pooling not in POOLINGS:
+            raise InputError(f"pooling {pooling!r}: use one of {POOLINGS}")
+        self.pooling, self.normalize = pooling, normalize
+        self._fast_teacher = fast.prepare(teacher)
+
+    def sentence_vectors(self, out, attention_mask) -> torch.Tensor:
+        vectors = pool(out.last_hidden_state, attention_mask, self.pooling)  # (B, H)
+        return F.normalize(vectors, dim=-1) if self.normalize else vectors
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> DistillOutput:
+        attentions = bool(self.attention_weight)
+        with torch.no_grad():
+            teacher = self.teacher if attentions else self._fast_teacher  # no maps needed: the fast path
+            t_out = teacher(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
+        s_out = self.student(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
+        parts = {"embedding": F.mse_loss(self.sentence_vectors(s_out, attention_mask).float(),
+                                         self.sentence_vectors(t_out, attention_mask).float())}
+        parts.update(self._inside_terms(s_out, t_out, attention_mask))
+        return DistillOutput(sum(parts.values()), {k: float(v.detach()) for k, v in parts.items()})
+
+
+class TaskDistiller(_Distiller):
+    """Task distillation from a fine-tuned classifier or tagger: soft targets at ``temperature`` weighted
+    ``alpha``, the hard labels ``1 - alpha`` (tokens labelled -100 take part in neither)."""
+
+    def __init__(self, teacher: nn.Module, student: nn.Module, *, temperature: float = 2.0, alpha: float = 0.5,
+                 **inside):
+        super().__init__(teacher, student, **inside)
+        if not temperature > 0:
+            raise InputError(f"temperature={temperature!r} must be > 0")
+        if not 0 <= alpha <= 1:
+            raise InputError(f"alpha={alpha!r} must be in [0, 1]")
+        t, s = teacher.config, student.config
+        if t.num_labels != s.num_labels:
+            raise InputError(f"teacher has {t.num_labels} labels, student {s.num_labels}: they must predict the same")
+        if (t.problem_type or "") == "regression" or t.num_labels == 1:
+            raise InputError("task distillation with soft targets needs a classifier (the teacher is a regressor)")
+        self.temperature, self.alpha = float(temperature), float(alpha)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> DistillOutput:
+        attentions = bool(self.attention_weight)
+        with torch.no_grad():
+            t_out = self.teacher(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
+        s_out = self.student(input_ids, attention_mask, token_type_ids, labels=labels, output_attentions=attentions)
+        s_logits, t_logits = s_out.logits, t_out.logits
+        if s_logits.dim() == 3 and labels is not None:  # tokens: only those with a label
+            keep = torch.as_tensor(labels).reshape(-1) != -100
+            s_logits, t_logits = s_logits.reshape(-1, s_logits.shape[-1])[keep], t_logits.reshape(-1, t_logits.shape[-1])[keep]
+        parts = {"soft": self.alpha * soft_target_loss(s_logits, t_logits, self.temperature)}
+        if labels is not None and self.alpha < 1:
+            parts["hard"] = (1 - self.alpha) * s_out.loss
+        parts.update(self._inside_terms(s_out, t_out, attention_mask))
+        return DistillOutput(sum(parts.values()), {k: float(v.detach()) for k, v in parts.items()})
+
+
+# ------------------------------------------------------------------------------------------ embeddings
+def text_batches(tokenizer, texts: Sequence[str], *, batch_size: int = 32, max_length: int | None = 128,
+                 shuffle: bool = True, seed: int = 0) -> Callable[[int], object]:
+    """``batches(epoch)`` of unlabelled texts for ``fit``, shuffled by ``seed + epoch``."""
+    if not texts:
+        raise InputError("no texts to distil on")
+    check_index("batch_size", batch_size, 1, 10**9)
+
+    def batches(epoch: int):
+        for rows in _epoch_rows(len(texts), batch_size, shuffle, seed + epoch):
+            yield dict(tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
+                                 return_tensors="pt"))
+    return batches
+
+
+def embed(model: BertModel, tokenizer, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = False,
+          batch_size: int = 64, max_length: int | None = 128) -> torch.Tensor:
+    """Pooled sentence vectors (len(texts), H) on the fast path, batched in length order."""
+    run = fast.prepare(encoder_of(model))
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = [None] * len(texts)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
+                              return_tensors="pt")
+            vectors = pool(run(**batch).last_hidden_state, batch["attention_mask"], pooling).float()
+            vectors = F.normalize(vectors, dim=-1) if normalize else vectors
+            for i, v in zip(rows, vectors):
+                out[i] = v
+    return torch.stack(out)
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Ranks 0..n-1 (ties broken by position: cosines of different sentences are almost never equal)."""
+    r = torch.empty_like(x)
+    r[x.argsort()] = torch.arange(len(x), dtype=x.dtype)
+    return r
+
+
+def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Tensor, *, k: int = 10) -> dict:
+    """How alike two embeddings of the same n texts are, as a user of the vectors sees it:
+    ``spearman``: rank correlation of the two models' pairwise cosine similarities (all n(n-1)/2 pairs);
+    ``top_k_overlap``: the mean share of each text's k nearest neighbours (by cosine, itself left out)
+    that both models agree on (``k`` is returned too); ``pearson``: the linear correlation of the cosines."""
+    n = len(teacher_vectors)
+    if n != len(student_vectors) or n < 3:
+        raise InputError(f"embedding_agreement needs the same >= 3 texts embedded twice, got {n} and {len(student_vectors)}")
+    k = check_index("k", k, 1, n - 1, "neighbours (at most n - 1)")
+    a, b = (F.normalize(v.double(), dim=-1) for v in (teacher_vectors, student_vectors))
+    sim_a, sim_b = a @ a.T, b @ b.T  # (n, n)
+    upper = torch.triu_indices(n, n, 1)
+    x, y = sim_a[upper[0], upper[1]], sim_b[upper[0], upper[1]]
+    rx, ry = _ranks(x), _ranks(y)
+    spearman = float(torch.corrcoef(torch.stack([rx, ry]))[0, 1])
+    eye = torch.eye(n, dtype=torch.bool)
+    top_a = sim_a.masked_fill(eye, -2).topk(k, -1).indices
+    top_b = sim_b.masked_fill(eye, -2).topk(k, -1).indices
+    overlap = sum(len(set(p.tolist()) & set(q.tolist())) for p, q in zip(top_a, top_b)) / (n * k)
+    return {"spearman": spearman, "top_k_overlap": overlap, "k": k,
+            "pearson": float(torch.corrcoef(torch.stack([x, y]))[0, 1])}
+
+
+def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts: Sequence[str], *,
+                       eval_texts: Sequence[str] | None = None, pooling: str = "mean", normalize: bool = False,
+                       hidden_weight: float = 0.0, attention_weight: float = 0.0,
+                       layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=1, lr=1e-4),
+                       batch_size: int = 32, max_length: int | None = 128, out_dir=None,
+                       log: Callable[[str], None] | None = None) -> History:
+    """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
+    epoch, with ``eval_texts``, the two models' agreement on them (``embedding_agreement``); the epoch
+    with the best Spearman agreement is kept in ``out_dir``."""
+    distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=normalize,
+                                   hidden_weight=hidden_weight, attention_weight=attention_weight, layer_map=layer_map)
+    evaluate, reference = None, None
+    if eval_texts:
+        reference = embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length)
+
+        def evaluate(m):
+            return embedding_agreement(reference, embed(m.student, tokenizer, eval_texts, pooling=pooling,
+                                                        max_length=max_length), k=min(10, len(eval_texts) - 1))
+    batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed)
+    return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
+               out_dir=out_dir, on_epoch_end=_reporter(log, config))
+
+
+def _reporter(log, config):
+    def report(record):
+        if log is not None:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in record.get("eval", {}).items())
+            log(f"epoch {record['epoch']}/{config.epochs}: train loss {record['train_loss']:.5f}"
+                + (f", {shown}" if shown else "") + f", {record['seconds']:.1f} s")
+    return report
+
+
+def split_held_out(texts: Sequence[str], share: float = 0.05, limit: int = 1000, seed: int = 0):
+    """(train, held): a seeded share of the texts (at most ``limit``, at least 3) held out for agreement."""
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    n = min(limit, max(3, round(share * len(texts))))
+    if len(texts) - n < 1:
+        raise InputError(f"{len(texts)} texts are too few to hold {n} out for evaluation; give --eval-texts")
+    held = set(order[:n])
+    return [t for i, t in enumerate(texts) if i not in held], [texts[i] for i in sorted(held)]
+
+
+# ------------------------------------------------------------------------------------------------ task
+def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = "classify", student_blocks=None,
+                 temperature: float = 2.0, alpha: float = 0.5, hidden_weight: float = 0.0,
+                 attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None, text_column: str = "text",
+                 pair_column: str | None = None, label_column: str = "label", tag_column: str = "upos",
+                 config: FitConfig = FitConfig(), batch_size: int = 16, max_length: int = 128,
+                 log: Callable[[str], None] | None = print) -> tuple[History, dict]:
+    """Distil a fine-tuned classifier (``task="classify"``) or tagger (``"tag"``) into a student made of
+    ``student_blocks`` of its blocks; the student is evaluated after each epoch as ``minibert finetune``
+    evaluates (accuracy / entity F1), the best epoch saved in ``out_dir`` with the tokenizer. Returns the
+    history and the teacher's score on the same evaluation data."""
+    if task not in ("classify", "tag"):
+        raise InputError(f"task {task!r}: distillation with soft targets takes 'classify' or 'tag'")
+    cls = BertForSequenceClassification if task == "classify" else BertForTokenClassification
+    teacher = cls.from_pretrained(teacher_source).eval()
+    tokenizer = BertTokenizer.from_pretrained(teacher_source)
+    student = init_student(teacher, student_blocks).train()
+    if isinstance(layer_map, str):
+        layer_map = parse_layer_map(layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
+    label2id = teacher.config.label2id
+    if task == "tag":
+        train_words, train_tags = read_tagged(train_path, column=tag_column)
+        eval_words, eval_tags = read_tagged(eval_path, column=tag_column)
+        _known(label2id, {t for row in train_tags + eval_tags for t in row}, teacher_source)
+        batches = tagging_batches(tokenizer, train_words, train_tags, label2id, batch_size=batch_size,
+                                  max_length=max_length, seed=config.seed)
+
+        def score(m):
+            scores = metrics.entity_f1(tag_words(m, tokenizer, eval_words, max_length=max_length), eval_tags)
+            return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}
+        metric = "entity_f1"
+    else:
+        train = read_table(train_path, text_column=text_column, label_column=label_column, pair_column=pair_column)
+        held = read_table(eval_path, text_column=text_column, label_column=label_column, pair_column=pair_column)
+        _known(label2id, set(train.labels) | set(held.labels), teacher_source)
+        batches = classification_batches(tokenizer, train.texts, [label2id[y] for y in train.labels],
+                                         pairs=train.pairs, batch_size=batch_size, max_length=max_length,
+                                         seed=config.seed)
+
+        def score(m):
+            labels = [p["label"] for p in m.predict(held.texts, held.pairs, tokenizer=tokenizer, max_length=max_length)]
+            return {"accuracy": metrics.accuracy(labels, held.labels), "macro_f1": metrics.macro_f1(labels, held.labels)}
+        metric = "accuracy"
+    teacher_score = score(teacher)
+    if log is not None:
+        log(f"teacher ({teacher.config.num_hidden_layers} blocks): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
+    distiller = TaskDistiller(teacher, student, temperature=temperature, alpha=alpha, hidden_weight=hidden_weight,
+                              attention_weight=attention_weight, layer_map=layer_map)
+    history = fit(distiller, batches, config=config, evaluate=lambda m: score(m.student), metric=metric,
+                  out_dir=out_dir, on_epoch_end=_reporter(log, config))
+    copy_tokenizer(teacher_source, out_dir)
+    return history, teacher_score
+
+
+def _known(label2id: dict, labels: set, source) -> None:
+    unknown = sorted(set(map(str, labels)) - set(label2id), key=str)
+    if unknown:
+        raise InputError(f"the data has label(s) {unknown[:5]} that the teacher {source} does not predict "
+                         f"(it knows {sorted(label2id)[:10]})")
+

@@ -1,0 +1,395 @@
+"""Issue 14: distillation into a shallower student, LayerDrop, early exit (tiny geometries, few steps;
+the full MiniLM runs are in benchmarks/bench_distill.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import hf_config, random_hf_model
+from minibert import BertForSequenceClassification, BertModel, BertTokenizer, InputError
+from minibert.training import depth, distill
+from minibert.training.data import classification_batches
+from minibert.training.loop import FitConfig, fit
+
+TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+GOOD = ["good", "great", "fine", "nice", "happy"]
+BAD = ["bad", "awful", "poor", "sad", "terrible"]
+
+
+def toy(n=64, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for i in range(n):
+        word = rng.choice(GOOD if i % 2 == 0 else BAD)
+        texts.append(f"the {rng.choice(['day', 'meal', 'trip'])} was {word} and {rng.choice(['long', 'short'])}")
+        labels.append("pos" if i % 2 == 0 else "neg")
+    return texts, labels
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_dir(tmp_path_factory, minilm_dir):
+    directory = tmp_path_factory.mktemp("tiny_encoder")
+    random_hf_model(hf_config(**TINY), seed=5).save_pretrained(directory)
+    shutil.copy(minilm_dir / "vocab.txt", directory / "vocab.txt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher_dir(tmp_path_factory, tiny_encoder_dir):
+    """A 4-block classifier fine-tuned on the toy task (it learns it), saved with its tokenizer."""
+    directory = tmp_path_factory.mktemp("tiny_teacher")
+    tok = BertTokenizer.from_pretrained(tiny_encoder_dir)
+    texts, labels = toy(64)
+    model = BertForSequenceClassification.from_encoder(tiny_encoder_dir, labels=["neg", "pos"], seed=0)
+    batches = classification_batches(tok, texts, [["neg", "pos"].index(y) for y in labels], batch_size=8,
+                                     max_length=16)
+    fit(model, batches, config=FitConfig(epochs=8, lr=3e-3, progress=False))
+    model.save_pretrained(directory)
+    shutil.copy(tiny_encoder_dir / "vocab.txt", directory / "vocab.txt")
+    predicted = [p["label"] for p in model.predict(texts, tokenizer=tok)]
+    assert sum(p == y for p, y in zip(predicted, labels)) / len(labels) >= 0.9  # the teacher knows the task
+    return directory
+
+
+# ------------------------------------------------------------------------------------------ students
+def test_student_is_the_teacher_with_blocks_skipped(tiny_encoder_dir):
+    teacher = BertModel.from_pretrained(tiny_encoder_dir).eval()
+    assert distill.default_blocks(4) == [0, 2] and distill.default_blocks(12) == [0, 2, 4, 6, 8, 10]
+    student = distill.init_student(teacher).eval()
+    assert student.config.num_hidden_layers == 2 and teacher.config.num_hidden_layers == 4
+    batch = BertTokenizer.from_pretrained(tiny_encoder_dir)(["a river bank", "no"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        want = teacher(**batch, skip_blocks=[1, 3]).last_hidden_state  # blocks 0 and 2 in a row
+        got = student(**batch).last_hidden_state
+    assert torch.equal(got, want)
+    with torch.no_grad():  # real copies: training the student never changes the teacher
+        student.encoder.blocks[0].attn.query.weight.add_(1.0)
+    assert not torch.equal(teacher.encoder.blocks[0].attn.query.weight, student.encoder.blocks[0].attn.query.weight)
+    with pytest.raises(InputError, match="student blocks"):
+        distill.init_student(teacher, [0, 4])
+
+
+def test_task_student_copies_head_and_pooler(tiny_teacher_dir):
+    teacher = BertForSequenceClassification.from_pretrained(tiny_teacher_dir)
+    student = distill.init_student(teacher, [1, 3])
+    assert type(student) is BertForSequenceClassification and student.config.num_hidden_layers == 2
+    assert student.config.id2label == teacher.config.id2label
+    assert torch.equal(student.classifier.weight, teacher.classifier.weight)
+    assert student.classifier.weight.data_ptr() != teacher.classifier.weight.data_ptr()
+    assert torch.equal(student.bert.encoder.blocks[0].ffn.dense_in.weight, teacher.bert.encoder.blocks[1].ffn.dense_in.weight)
+
+
+def test_layer_maps():
+    assert distill.uniform_layer_map(3, 6) == {1: 2, 2: 4, 3: 6}
+    assert distill.uniform_layer_map(6, 12) == {i: 2 * i for i in range(1, 7)}
+    assert distill.uniform_layer_map(4, 6) == {1: 2, 2: 3, 3: 4, 4: 6}  # rounded; the last on the last
+    assert distill.parse_layer_map("0:0,1:2, 3:6", 3, 6) == {0: 0, 1: 2, 3: 6}
+    assert distill.parse_layer_map("uniform", 3, 6) == {1: 2, 2: 4, 3: 6}
+    for bad, message in (("1:7", "teacher hidden state"), ("4:2", "student hidden state"), ("1-2", "student:teacher"),
+                         ("1:2,1:3", "twice")):
+        with pytest.raises(InputError, match=message):
+            distill.parse_layer_map(bad, 3, 6)
+
+
+# -------------------------------------------------------------------------------------------- losses
+def test_soft_target_loss_is_the_tempered_kl_times_t_squared():
+    torch.manual_seed(0)
+    s, t = torch.randn(5, 4), torch.randn(5, 4)
+    for T in (1.0, 2.0, 4.0):
+        p_t = (t / T).softmax(-1)
+        want = (p_t * (p_t.log() - (s / T).log_softmax(-1))).sum(-1).mean() * T * T
+        assert torch.allclose(distill.soft_target_loss(s, t, T), want, atol=1e-6)
+        assert float(distill.soft_target_loss(t, t, T)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_inside_losses_ignore_padding_and_vanish_on_equal_inputs(tiny_encoder_dir):
+    model = BertModel.from_pretrained(tiny_encoder_dir).eval()
+    tok = BertTokenizer.from_pretrained(tiny_encoder_dir)
+    batch = tok(["a river bank in spring", "no"], padding=True, return_tensors="pt")
+    other = {k: v.clone() for k, v in batch.items()}
+    other["input_ids"][1, 3:] = 1000  # different token ids at padded positions: masked, must not count
+    with torch.no_grad():
+        a = model(**batch, output_attentions=True)
+        b = model(**other, output_attentions=True)
+        c = distill.init_student(model, [1, 2, 3, 0]).eval()(**batch, output_attentions=True)
+    mapping = {1: 1, 2: 2, 4: 4}
+    mask = batch["attention_mask"]
+    assert float(distill.hidden_state_loss(a.hidden_states, b.hidden_states, mapping, mask)) == pytest.approx(0, abs=1e-12)
+    assert float(distill.attention_loss(a.attentions, b.attentions, mapping, mask)) == pytest.approx(0, abs=1e-6)
+    assert float(distill.hidden_state_loss(c.hidden_states, a.hidden_states, mapping, mask)) > 1e-3
+    assert float(distill.attention_loss(c.attentions, a.attentions, mapping, mask)) > 1e-4
+    with pytest.raises(InputError, match="block output"):
+        distill.attention_loss(a.attentions, b.attentions, {0: 0}, mask)
+
+
+def test_embedding_agreement_against_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    torch.manual_seed(1)
+    a = torch.randn(40, 16)
+    b = a + 0.5 * torch.randn(40, 16)
+    got = distill.embedding_agreement(a, b, k=5)
+    an, bn = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
+    iu = torch.triu_indices(40, 40, 1)
+    x, y = (an @ an.T)[iu[0], iu[1]], (bn @ bn.T)[iu[0], iu[1]]
+    assert got["spearman"] == pytest.approx(scipy_stats.spearmanr(x.numpy(), y.numpy()).statistic, abs=1e-6)
+    same = distill.embedding_agreement(a, 3 * a, k=5)  # scale does not matter to cosines
+    assert same["spearman"] == pytest.approx(1.0) and same["top_k_overlap"] == 1.0
+    assert 0 < got["top_k_overlap"] < 1
+    with pytest.raises(InputError, match="k"):
+        distill.embedding_agreement(a, b, k=40)
+
+
+# ------------------------------------------------------------------------------------- distillation
+def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir, sentences_dir, tmp_path):
+    """MiniLM 6 -> 3 blocks on 256 real sentences (the full run: benchmarks/bench_distill.py)."""
+    teacher = BertModel.from_pretrained(minilm_dir, mlm_head=False).eval()
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    texts = (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n")[:256]
+    held = (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n")[:60]
+    student = distill.init_student(teacher, [0, 2, 4]).train()
+    before = distill.embedding_agreement(distill.embed(teacher, tok, held), distill.embed(student, tok, held))
+    history = distill.distill_embeddings(teacher, student, tok, texts, eval_texts=held, normalize=True,
+                                         out_dir=tmp_path / "s", config=FitConfig(epochs=2, lr=3e-4, progress=False),
+                                         batch_size=16, max_length=48)
+    assert history.epochs[-1]["train_loss"] < history.epochs[0]["train_loss"]
+    best = history.epochs[history.best_epoch - 1]["eval"]
+    assert best["spearman"] > before["spearman"] + 0.05
+    saved = BertModel.from_pretrained(tmp_path / "s")
+    assert saved.config.num_hidden_layers == 3
+    assert all(p.requires_grad for p in student.parameters())
+    assert not any(p.requires_grad for p in teacher.parameters())  # frozen by the distiller, never changed
+
+
+def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_path):
+    texts, labels = toy(64, seed=1)
+    path = tmp_path / "train.csv"
+    path.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    history, teacher_score = distill.distill_task(
+        path, path, tiny_teacher_dir, tmp_path / "student", student_blocks=[3], temperature=2.0, alpha=0.7,
+        hidden_weight=0.5, attention_weight=0.5, layer_map="1:4",
+        config=FitConfig(epochs=4, lr=3e-3, progress=False), batch_size=8, max_length=16,
+        log=None)
+    assert teacher_score["accuracy"] >= 0.9
+    assert history.best_metric >= 0.9 * teacher_score["accuracy"]
+    student = BertForSequenceClassification.from_pretrained(tmp_path / "student")
+    assert student.config.num_hidden_layers == 1 and (tmp_path / "student" / "vocab.txt").exists()
+    with pytest.raises(InputError, match="label"):
+        bad = tmp_path / "bad.csv"
+        bad.write_text("text,label\nhello,other\nbye,pos\n")
+        distill.distill_task(bad, bad, tiny_teacher_dir, tmp_path / "x", log=None)
+
+
+def test_distillers_refuse_what_cannot_be_matched(tiny_encoder_dir, tiny_teacher_dir):
+    teacher = BertModel.from_pretrained(tiny_encoder_dir)
+    wide = BertModel(hf_like(hidden_size=64, num_attention_heads=4))
+    with pytest.raises(InputError, match="same width"):
+        distill.EmbeddingDistiller(teacher, wide, hidden_weight=1.0)
+    distill.EmbeddingDistiller(teacher, wide)  # pooled vectors of another width cannot be compared either...
+    with pytest.raises(InputError, match="pooling"):
+        distill.EmbeddingDistiller(teacher, distill.init_student(teacher), pooling="sum")
+    clf = BertForSequenceClassification.from_pretrained(tiny_teacher_dir)
+    for kwargs, message in (({"temperature": 0}, "temperature"), ({"alpha": 1.5}, "alpha")):
+        with pytest.raises(InputError, match=message):
+            distill.TaskDistiller(clf, distill.init_student(clf), **kwargs)
+
+
+def hf_like(**overrides):
+    from minibert import BertConfig
+
+    values = {k: v for k, v in TINY.items()}
+    values.update(overrides)
+    return BertConfig(**values)
+
+
+def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence number {i} is about the {w}" for i in range(40)
+                                for w in ("bank",)) + "\n")
+    run = [sys.executable, "-m", "minibert"]
+    out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--texts", str(corpus), "--out",
+                                str(tmp_path / "emb"), "--student-blocks", "1,3", "--epochs", "1", "--quiet"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "agreement with the teacher on 3 held-out texts" in out.stdout and "blocks [1, 3] of 4" in out.stdout
+    assert "holding out 3" in out.stderr
+    assert BertModel.from_pretrained(tmp_path / "emb").config.num_hidden_layers == 2
+    texts, labels = toy(32, seed=2)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    out = subprocess.run(run + ["distill", "--teacher", str(tiny_teacher_dir), "--train", str(data), "--eval",
+                                str(data), "--out", str(tmp_path / "task"), "--epochs", "1", "--quiet"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "of it); wrote" in out.stdout and "(teacher " in out.stdout
+    for argv, message in ((["--texts", str(corpus), "--train", str(data)], "not both"),
+                          ([], "give --texts"), (["--train", str(data)], "needs --eval"),
+                          (["--texts", str(corpus), "--student-blocks", "0,x"], "--student-blocks"),
+                          (["--texts", str(corpus), "--student-blocks", "0,9"], "student blocks")):
+        out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--out", str(tmp_path / "e")] + argv,
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
+        assert "Traceback" not in out.stderr
+
+
+# ------------------------------------------------------------------------------------------ LayerDrop
+def test_layerdrop_skips_blocks_while_training_only(tiny_teacher_dir):
+    model = BertForSequenceClassification.from_pretrained(tiny_teacher_dir)
+    batch = dict(BertTokenizer.from_pretrained(tiny_teacher_dir)(["the day was good", "bad"], padding=True,
+                                                                  return_tensors="pt"))
+    with torch.no_grad():
+        plain = model(**batch).logits
+    drop = depth.layerdrop(model, 0.5, seed=3)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, plain)  # eval mode: no effect
+        model.train()
+        seen = []
+        for _ in range(200):
+            logits = model(**batch).logits
+            skipped = drop.dropped[-1]
+            seen.append(skipped)
+        model.eval()
+        want = model.classifier(model.bert(**batch, skip_blocks=skipped).pooler_output)
+    assert torch.equal(logits, want)  # the last pass really skipped what it recorded
+    assert all(len(s) < 4 for s in seen)  # at least one block always runs
+    share = sum(len(s) for s in seen) / (4 * len(seen))
+    assert 0.4 < share < 0.6
+    drop.remove()
+    model.train()
+    with torch.no_grad():
+        model(**batch)
+    assert len(drop.dropped) == 200  # removed: no more draws
+    again = depth.layerdrop(model, 0.5, seed=3)
+    with torch.no_grad():
+        for _ in range(200):
+            model(**batch)
+    assert again.dropped == seen  # the same seed, the same draws
+    again.remove()
+    with pytest.raises(InputError, match=r"\[0, 1\)"):
+        depth.layerdrop(model, 1.0)
+
+
+def test_spread_blocks_keeps_the_top_block():
+    assert depth.spread_blocks(6, 3) == [1, 3, 5]
+    assert depth.spread_blocks(6, 6) == list(range(6))
+    assert depth.spread_blocks(6, 1) == [5]
+    assert depth.spread_blocks(12, 4) == [2, 5, 8, 11]
+    with pytest.raises(InputError, match="keep"):
+        depth.spread_blocks(6, 7)
+
+
+def test_finetune_with_layerdrop_writes_a_prunable_model(tiny_encoder_dir, tmp_path):
+    from minibert.training.tasks import finetune
+
+    texts, labels = toy(32, seed=4)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    history = finetune(data, data, tiny_encoder_dir, tmp_path / "ld", layerdrop=0.3, log=None,
+                       config=FitConfig(epochs=1, lr=1e-3, progress=False), max_length=16)
+    model = BertForSequenceClassification.from_pretrained(tmp_path / "ld")
+    assert not model.bert._forward_pre_hooks  # the LayerDrop hook is gone from the saved model's source
+    assert history.best_metric is not None
+    with pytest.raises(InputError, match="scalarmix"):
+        finetune(data, data, tiny_encoder_dir, tmp_path / "x", layerdrop=0.3, recipe="scalarmix", log=None)
+
+
+# ------------------------------------------------------------------------------------------ early exit
+def early_exit_model(tiny_teacher_dir, frozen=True):
+    model = BertForSequenceClassification.from_pretrained(tiny_teacher_dir)
+    ee = depth.EarlyExit(model, frozen=frozen).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # make the exits disagree and differ in confidence, as trained ones do
+        for ramp in ee.ramps:
+            ramp[3].weight.normal_(0, 2.0)
+    return ee
+
+
+def test_each_row_gets_the_logits_of_the_exit_it_took(tiny_teacher_dir):
+    ee = early_exit_model(tiny_teacher_dir)
+    tok = BertTokenizer.from_pretrained(tiny_teacher_dir)
+    texts, _ = toy(12, seed=5)
+    texts[3] = "bad"  # rows of different lengths: padding in the batch
+    batch = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        every = ee(**batch).logits  # (4 exits, B, C), readable path, nobody leaves
+        plain = ee.model(**batch).logits
+    assert torch.equal(every[-1], plain)  # the last exit is the model itself
+    B = len(texts)
+    seen_exits = set()
+    rules = [{"entropy": e} for e in depth.entropy_thresholds(2, 12)] + [{"patience": k} for k in (1, 2, 3, 4)]
+    for rule in rules:
+        out = ee.predict_batch(batch["input_ids"], batch["attention_mask"], **rule)
+        want = every[out.exits, torch.arange(B)]
+        assert (out.logits - want).abs().max() <= 1e-5, rule  # fast path vs readable path, per row
+        seen_exits |= set(out.exits.tolist())
+        if rule.get("entropy") is not None:  # a row exits at the first exit below the threshold
+            p = every.softmax(-1)
+            entropy = -(torch.xlogy(p, p)).sum(-1)  # (exits, B)
+            for row, e in enumerate(out.exits.tolist()):
+                below = (entropy[:, row] < rule["entropy"]).nonzero().flatten().tolist()
+                assert e == (below[0] if below else 3)
+    assert seen_exits == {0, 1, 2, 3}  # the rules really spread rows over the depths
+    never = ee.predict_batch(batch["input_ids"], batch["attention_mask"], entropy=0.0)
+    assert never.exits.tolist() == [3] * B and never.blocks_run == 4
+    always = ee.predict_batch(batch["input_ids"], batch["attention_mask"], entropy=math.log(2) + 1e-6)
+    assert always.exits.tolist() == [0] * B and always.blocks_run == 1
+    one = ee.predict_batch(batch["input_ids"], batch["attention_mask"], patience=1)
+    assert one.exits.tolist() == [0] * B
+    with pytest.raises(InputError, match="exactly one"):
+        ee.predict_batch(batch["input_ids"], entropy=0.1, patience=2)
+    with pytest.raises(InputError, match="patience"):
+        ee.predict_batch(batch["input_ids"], patience=5)
+
+
+def test_exits_train_frozen_or_joint_and_round_trip(tiny_teacher_dir, tmp_path):
+    tok = BertTokenizer.from_pretrained(tiny_teacher_dir)
+    texts, labels = toy(48, seed=6)
+    ids = [["neg", "pos"].index(y) for y in labels]
+    batches = classification_batches(tok, texts, ids, batch_size=8, max_length=16)
+    frozen = depth.EarlyExit(BertForSequenceClassification.from_pretrained(tiny_teacher_dir))
+    encoder_before = {k: v.clone() for k, v in frozen.model.state_dict().items()}
+    before = depth.exit_accuracies(frozen, tok, texts, labels)
+    fit(frozen, batches, config=FitConfig(epochs=4, lr=3e-3, progress=False))
+    after = depth.exit_accuracies(frozen, tok, texts, labels)
+    assert all(torch.equal(v, frozen.model.state_dict()[k]) for k, v in encoder_before.items())  # frozen: unchanged
+    assert after[-1] == before[-1] and min(after[:-1]) >= 0.9
+    frozen.save_pretrained(tmp_path / "ee")
+    loaded = depth.EarlyExit.from_pretrained(tmp_path / "ee")
+    batch = tok(texts[:5], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, frozen.eval()(**batch).logits)
+    labels_out, exits = loaded.predict(texts, tokenizer=tok, entropy=0.3)
+    assert len(labels_out) == len(texts) and all(0 <= e <= 3 for e in exits)
+    joint = depth.EarlyExit(BertForSequenceClassification.from_pretrained(tiny_teacher_dir), frozen=False).train()
+    out = joint(**batch, labels=torch.tensor(ids[:5]))
+    losses = torch.stack([F.cross_entropy(z, torch.tensor(ids[:5])) for z in out.logits])
+    assert torch.allclose(out.loss, (torch.arange(1.0, 5.0) * losses).sum() / 10)  # PABEE's weights 1..N
+    assert any(p.requires_grad for p in joint.model.parameters())
+    with pytest.raises(InputError, match="plain classifier"):
+        depth.EarlyExit.from_pretrained(tiny_teacher_dir)
+
+
+def test_exits_cli_prints_the_curve(tiny_teacher_dir, tmp_path):
+    texts, labels = toy(32, seed=7)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    out = subprocess.run([sys.executable, "-m", "minibert", "exits", "--model", str(tiny_teacher_dir), "--train",
+                          str(data), "--eval", str(data), "--out", str(tmp_path / "ee"), "--epochs", "1", "--quiet"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "| full model |" in out.stdout and "| patience 4 |" in out.stdout and "entropy < 0.693" in out.stdout
+    saved = json.loads((tmp_path / "ee" / "exits.json").read_text())
+    assert len(saved["exit_accuracy"]) == 4
+    full = next(r for r in saved["curve"] if r["rule"] == "full model")
+    last = next(r for r in saved["curve"] if r["rule"] == "entropy" and r["value"] == 0)
+    assert last["accuracy"] == full["accuracy"] and last["blocks"] == 4.0
