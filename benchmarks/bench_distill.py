@@ -40,6 +40,7 @@ from fetch_data import fetch_sentences, fetch_trec  # noqa: E402
 
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
+from minibert.loading import copy_tokenizer  # noqa: E402
 from minibert.tools import fast  # noqa: E402
 from minibert.training import depth, distill, tasks  # noqa: E402
 from minibert.training.datasets import read_table  # noqa: E402
@@ -133,7 +134,7 @@ def part_task(args, results):
     if not (baseline_dir / "metrics.json").exists():
         shallow = args.workdir / "minilm-3blocks"
         distill.init_student(BertModel.from_pretrained(MODEL, mlm_head=False), [0, 2, 4]).save_pretrained(shallow)
-        tasks.copy_tokenizer(MODEL, shallow)
+        copy_tokenizer(MODEL, shallow)
         tasks.finetune(args.train, trec / "test.csv", shallow, baseline_dir,
                        config=FitConfig(epochs=args.epochs, progress=False), batch_size=BATCH, max_length=MAX_LENGTH)
     t_acc, t_epoch = best_accuracy(teacher)

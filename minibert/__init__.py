@@ -27,7 +27,8 @@ _LAZY = {"BertConfig": ".config", "BertModel": ".api", "BertOutput": ".model", "
 #: modules that moved into the sub-packages: old name -> new place
 MOVED = {"layers": "analysis.layers", "probing": "analysis.probing", "plots": "analysis.plots",
          "lens": "analysis.lens", "parity": "analysis.parity", "hooks": "tools.hooks", "fast": "tools.fast",
-         "surgery": "tools.surgery", "accounting": "tools.accounting"}
+         "surgery": "tools.surgery", "accounting": "tools.accounting",
+         "distill": "training.distill"}  # short name: the issue that asked for it says minibert/distill.py
 
 __all__ = ["BertConfig", "BertModel", "BertOutput", "BertTokenizer", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "CheckpointError", "InputError", "MissingExtra"]

@@ -426,7 +426,9 @@ def cmd_distill(args) -> int:
                                    attention_weight=args.attention_weight, layer_map=layer_map,
                                    config=dataclasses.replace(config), batch_size=args.batch_size,
                                    max_length=args.max_length, out_dir=out, log=log)
-    D.copy_tokenizer(args.teacher, out)
+    from .loading import copy_tokenizer
+
+    copy_tokenizer(args.teacher, out)
     best = history.epochs[history.best_epoch - 1]["eval"]
     print(f"student: blocks {kept} of {teacher.config.num_hidden_layers}; agreement with the teacher on {len(held)} "
           f"held-out texts: Spearman {best['spearman']:.4f} (before training {before['spearman']:.4f}), "

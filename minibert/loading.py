@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -349,3 +350,18 @@ def save_model(model, directory) -> None:
     architecture = type(model).__name__ if task else ("BertForMaskedLM" if mlm else "BertModel")
     model.config.to_json_file(directory / "config.json", architectures=(architecture,))  # which class it is
     save_file(state, directory / WEIGHT_FILE, metadata={"format": "pt"})
+
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
+
+
+def copy_tokenizer(model_source, out_dir) -> None:
+    """Copy the tokenizer files of ``model_source`` (a directory or a file in one) into ``out_dir``
+    (created when missing), so that a checkpoint written there is usable on its own."""
+    source = resolve_source(model_source)
+    source = source if source.is_dir() else source.parent
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (source / name).exists() and (source / name).resolve() != (out_dir / name).resolve():
+            shutil.copy(source / name, out_dir / name)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -343,7 +342,7 @@ def train_exits(model_source, train_path, eval_path, out_dir, *, joint: bool = F
     from .data import classification_batches
     from .datasets import read_table
     from .loop import FitConfig, fit
-    from .tasks import copy_tokenizer
+    from ..loading import copy_tokenizer
 
     config = config or FitConfig(epochs=2)
     model = BertForSequenceClassification.from_pretrained(model_source)

@@ -49,7 +49,7 @@ from . import metrics
 from .data import _epoch_rows, classification_batches, tag_words, tagging_batches
 from .datasets import read_table, read_tagged
 from .loop import FitConfig, History, fit
-from .tasks import copy_tokenizer
+from ..loading import copy_tokenizer
 
 POOLINGS = ("mean", "cls", "max")
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError
 from ..heads import BertForSequenceClassification, BertForTokenClassification
-from ..loading import load_model, resolve_source
+from ..loading import copy_tokenizer, load_model
 from ..model import BertModel
 from ..tokenizer import BertTokenizer
 from . import metrics
@@ -36,7 +35,6 @@ from .recipes import ScalarMixClassifier, gradual_unfreezing
 
 TASKS = ("classify", "regress", "tag")
 RECIPES = ("full", "gradual", "llrd", "lora", "scalarmix")
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
 
 
 def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "classify", text_column: str = "text",
@@ -131,16 +129,6 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     copy_tokenizer(model_source, out_dir)  # so that the checkpoint is usable on its own (`minibert predict DIR`)
     return history
 
-
-def copy_tokenizer(model_source, out_dir) -> None:
-    """Copy the tokenizer files of ``model_source`` into ``out_dir`` (created when missing)."""
-    source = resolve_source(model_source)
-    source = source if source.is_dir() else source.parent
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (source / name).exists() and (source / name).resolve() != (out_dir / name).resolve():
-            shutil.copy(source / name, out_dir / name)
 
 
 def _no_unseen(names, eval_labels, eval_path) -> None:
