@@ -367,72 +367,49 @@ def _blocks_list(text: str) -> list[int]:
 
 
 def cmd_distill(args) -> int:
-    import dataclasses
-
     from .training import distill as D
     from .training.loop import FitConfig
 
-    if (args.texts is None) == (args.train is None):
+    if args.texts is not None and args.train is not None:
+        raise InputError("--texts (sentence-embedding distillation) and --train (task distillation) exclude each other")
+    if args.texts is None and args.train is None:
         raise InputError("give --texts (sentence-embedding distillation on unlabelled text) or --train and --eval "
-                         "(task distillation from a fine-tuned teacher), not both")
+                         "(task distillation from a fine-tuned teacher)")
     if args.train is not None and args.eval is None:
         raise InputError("task distillation needs --eval (held-out data in the --train format)")
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
-    lr = args.lr if args.lr is not None else (1e-4 if args.texts else 5e-5)
+    lr = args.lr if args.lr is not None else (2e-4 if args.texts else 5e-5)
     if lr <= 0:
         raise InputError(f"--lr must be > 0, got {lr}")
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file")
-    log = (lambda line: print(line, file=sys.stderr)) if not args.quiet else None
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     if args.train is not None:
         history, teacher_score = D.distill_task(
             args.train, args.eval, args.teacher, out, task=args.task, student_blocks=blocks,
             temperature=args.temperature, alpha=args.alpha, hidden_weight=args.hidden_weight,
             attention_weight=args.attention_weight, layer_map=args.layer_map, text_column=args.text_column,
             pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
-            config=config, batch_size=args.batch_size, max_length=args.max_length,
-            log=log if log else None)
+            config=config, batch_size=args.batch_size, max_length=args.max_length, log=log)
         metric = "accuracy" if args.task == "classify" else "entity_f1"
         print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
               f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
         return 0
-    from .model import BertModel
-    from .tokenizer import BertTokenizer
-
-    texts = [t for t in read_lines(args.texts) if t.strip()]
-    if not texts:
-        raise InputError(f"{args.texts} has no non-empty lines")
-    if args.eval_texts:
-        held = [t for t in read_lines(args.eval_texts) if t.strip()]
-        if len(held) < 3:
-            raise InputError(f"{args.eval_texts} has {len(held)} non-empty line(s); agreement needs at least 3")
-    else:
-        texts, held = D.split_held_out(texts, seed=args.seed)
-        print(f"minibert: note: holding out {len(held)} of the texts to measure agreement (--eval-texts to choose)",
-              file=sys.stderr)
-    teacher = BertModel.from_pretrained(args.teacher, mlm_head=False).eval()
-    tokenizer = BertTokenizer.from_pretrained(args.teacher)
-    student = D.init_student(teacher, blocks).train()
-    layer_map = None if args.layer_map is None else D.parse_layer_map(
-        args.layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-    kept = blocks if blocks is not None else D.default_blocks(teacher.config.num_hidden_layers)
-    before = D.embedding_agreement(D.embed(teacher, tokenizer, held, pooling=args.pool, max_length=args.max_length),
-                                   D.embed(student, tokenizer, held, pooling=args.pool, max_length=args.max_length),
-                                   k=min(10, len(held) - 1))
-    history = D.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, pooling=args.pool,
-                                   normalize=args.normalize, hidden_weight=args.hidden_weight,
-                                   attention_weight=args.attention_weight, layer_map=layer_map,
-                                   config=dataclasses.replace(config), batch_size=args.batch_size,
-                                   max_length=args.max_length, out_dir=out, log=log)
-    from .loading import copy_tokenizer
-
-    copy_tokenizer(args.teacher, out)
-    best = history.epochs[history.best_epoch - 1]["eval"]
-    print(f"student: blocks {kept} of {teacher.config.num_hidden_layers}; agreement with the teacher on {len(held)} "
-          f"held-out texts: Spearman {best['spearman']:.4f} (before training {before['spearman']:.4f}), "
-          f"top-{best['k']} overlap {best['top_k_overlap']:.3f} (before {before['top_k_overlap']:.3f}); wrote {out}")
+    texts = read_lines(args.texts)
+    held = read_lines(args.eval_texts) if args.eval_texts else None
+    if not args.eval_texts:
+        print("minibert: note: holding out 5 % of the texts (at most 1000) to measure agreement (--eval-texts to "
+              "choose)", file=sys.stderr)
+    run = D.distill_corpus(args.teacher, texts, out, eval_texts=held, student_blocks=blocks, pooling=args.pool,
+                           normalize=args.normalize, hidden_weight=args.hidden_weight,
+                           attention_weight=args.attention_weight, layer_map=args.layer_map, config=config,
+                           batch_size=args.batch_size, max_length=args.max_length, log=log)
+    best = run.history.epochs[run.history.best_epoch - 1]["eval"]
+    print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
+          f"texts: Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
+          f"overlap {best['top_k_overlap']:.3f} (before {run.before['top_k_overlap']:.3f}); wrote {out}")
     return 0
 
 
@@ -683,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-weight", type=float, default=0.0, help="weight of the attention KL (default 0)")
     p.add_argument("--layer-map", help="student:teacher hidden states, e.g. 1:2,2:4,3:6 (default uniform)")
     p.add_argument("--epochs", type=_positive_int, default=3)
-    p.add_argument("--lr", type=float, help="learning rate (default 1e-4 embeddings, 5e-5 task)")
+    p.add_argument("--lr", type=float, help="learning rate (default 2e-4 embeddings, 5e-5 task)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)

@@ -324,12 +324,14 @@ def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Te
 def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts: Sequence[str], *,
                        eval_texts: Sequence[str] | None = None, pooling: str = "mean", normalize: bool = False,
                        hidden_weight: float = 0.0, attention_weight: float = 0.0,
-                       layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=1, lr=1e-4),
+                       layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=2e-4),
                        batch_size: int = 32, max_length: int | None = 128, out_dir=None,
                        log: Callable[[str], None] | None = None) -> History:
     """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
     epoch, with ``eval_texts``, the two models' agreement on them (``embedding_agreement``); the epoch
     with the best Spearman agreement is kept in ``out_dir``."""
+    if eval_texts is not None and len(eval_texts) < 3:
+        raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement needs at least 3")
     distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=normalize,
                                    hidden_weight=hidden_weight, attention_weight=attention_weight, layer_map=layer_map)
     evaluate, reference = None, None
@@ -351,6 +353,52 @@ def _reporter(log, config):
             log(f"epoch {record['epoch']}/{config.epochs}: train loss {record['train_loss']:.5f}"
                 + (f", {shown}" if shown else "") + f", {record['seconds']:.1f} s")
     return report
+
+
+@dataclass
+class CorpusRun:
+    history: History
+    before: dict  # agreement of the untrained student (the teacher's blocks, copied)
+    blocks: list[int]  # the teacher blocks the student started from
+    held_out: int  # texts the agreement is measured on
+    split: bool  # True: they were held out of ``texts`` (no eval_texts given)
+
+
+def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts: Sequence[str] | None = None,
+                   student_blocks=None, pooling: str = "mean", normalize: bool = False, hidden_weight: float = 0.0,
+                   attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
+                   config: FitConfig = FitConfig(epochs=3, lr=2e-4), batch_size: int = 32,
+                   max_length: int | None = 128, log: Callable[[str], None] | None = None) -> CorpusRun:
+    """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
+    every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, measure the agreement
+    before, distil, and write the best student with the tokenizer to ``out_dir``."""
+    from ..loading import copy_tokenizer
+
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise InputError("no non-empty text to distil on")
+    split = not eval_texts
+    if split:
+        texts, eval_texts = split_held_out(texts, seed=config.seed)
+    else:
+        eval_texts = [t for t in eval_texts if t.strip()]
+        if len(eval_texts) < 3:
+            raise InputError(f"{len(eval_texts)} non-empty held-out text(s); the agreement needs at least 3")
+    teacher = BertModel.from_pretrained(teacher_source, mlm_head=False).eval()
+    tokenizer = BertTokenizer.from_pretrained(teacher_source)
+    blocks = list(student_blocks) if student_blocks is not None else default_blocks(teacher.config.num_hidden_layers)
+    student = init_student(teacher, blocks).train()
+    if isinstance(layer_map, str):
+        layer_map = parse_layer_map(layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
+    k = min(10, len(eval_texts) - 1)
+    before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
+                                 embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
+    history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
+                                 normalize=normalize, hidden_weight=hidden_weight, attention_weight=attention_weight,
+                                 layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
+                                 out_dir=out_dir, log=log)
+    copy_tokenizer(teacher_source, out_dir)
+    return CorpusRun(history, before, blocks, len(eval_texts), split)
 
 
 def split_held_out(texts: Sequence[str], share: float = 0.05, limit: int = 1000, seed: int = 0):

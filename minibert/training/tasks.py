@@ -130,7 +130,6 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     return history
 
 
-
 def _no_unseen(names, eval_labels, eval_path) -> None:
     unseen = sorted(set(eval_labels) - set(names), key=str)
     if unseen:
