@@ -38,6 +38,7 @@ def test_every_readme_python_snippet_runs(minilm_dir, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     assert minilm_dir == ROOT / "weights" / "all-MiniLM-L6-v2"
     (tmp_path / "weights").symlink_to(ROOT / "weights")
+    (tmp_path / "tests").symlink_to(ROOT / "tests")  # the README's examples read tests/data/
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     ran = 0
