@@ -97,7 +97,7 @@ def part_embeddings(args, results):
         before = distill.embedding_agreement(reference, distill.embed(student, tokenizer, held, max_length=128))
         out.setdefault("before", {})[str(blocks)] = before
     for name, options in args.embedding_runs:
-        directory = args.workdir / f"embeddings-{name}"
+        directory = args.workdir / ("embeddings-" + "".join(c if c.isalnum() else "-" for c in name))
         if not (directory / "metrics.json").exists():
             student = distill.init_student(teacher, [0, 2, 4]).train()
             distill.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, out_dir=directory,
@@ -108,7 +108,8 @@ def part_embeddings(args, results):
         best = history["epochs"][history["best_epoch"] - 1]
         out["runs"].append({"name": name, "best_epoch": history["best_epoch"], **best["eval"],
                             "seconds_per_epoch": statistics.mean(e["seconds"] for e in history["epochs"])})
-    student = BertModel.from_pretrained(args.workdir / f"embeddings-{args.embedding_runs[0][0]}").eval()
+    first = args.embedding_runs[0][0]
+    student = BertModel.from_pretrained(args.workdir / ("embeddings-" + "".join(c if c.isalnum() else "-" for c in first))).eval()
     batch = tokenizer(held[:32], padding=True, truncation=True, return_tensors="pt")
     one = tokenizer(held[:1], return_tensors="pt")
     t_fast, s_fast = fast.prepare(teacher), fast.prepare(student)
@@ -195,7 +196,7 @@ def part_exits(args, results):
         directory = args.workdir / f"trec-exits-{mode}"
         if not (directory / "exits.json").exists():
             depth.train_exits(teacher, args.train, trec / "test.csv", directory, joint=joint,
-                              config=FitConfig(epochs=2, lr=1e-4, progress=False), batch_size=BATCH,
+                              config=FitConfig(epochs=2, lr=1e-3, progress=False), batch_size=BATCH,
                               max_length=MAX_LENGTH, log=print)
         best = depth.EarlyExit.from_pretrained(directory)
         test = read_table(trec / "test.csv")
@@ -254,7 +255,7 @@ def markdown(results: dict, header: str) -> str:
         md.append("")
     if "exits" in results:
         for mode, x in results["exits"].items():
-            md += [f"## Early exit on the TREC-6 teacher ({mode} model, exits trained 2 epochs)", "",
+            md += [f"## Early exit on the TREC-6 teacher ({mode} model, exits trained 2 epochs at lr 1e-3)", "",
                    "Accuracy of each exit alone: " + ", ".join(f"block {i}: {a:.4f}" for i, a in
                                                                 enumerate(x["exit_accuracy"])) + ".", "",
                    depth.curve_table(x["curve"]), ""]
@@ -273,9 +274,9 @@ def main():
     args.workdir = args.workdir or ROOT / "benchmarks" / "results" / f"distill-runs{suffix}.tmp"
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.epochs = 1 if args.quick else 3
-    args.embedding_epochs = 1 if args.quick else 3
+    args.embedding_epochs = 1 if args.quick else 4
     args.p = 0.2
-    args.embedding_runs = [("MSE on unit vectors, lr 2e-4", {"normalize": True, "lr": 2e-4})]
+    args.embedding_runs = [("MSE on unit vectors, lr 3e-4", {"normalize": True, "lr": 3e-4})]
     trec = fetch_trec()
     args.train = trec / "train.csv"
     if args.quick:
@@ -296,6 +297,8 @@ def main():
     for part in parts:
         started = time.perf_counter()
         globals()[f"part_{part}"](args, results)
+        # merge into what is on disk now: another run may have written other parts meanwhile
+        results = {**(json.loads(json_path.read_text()) if json_path.exists() else {}), part: results[part]}
         results.setdefault("seconds", {})[part] = time.perf_counter() - started
         results["header"] = header
         json_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -403,8 +403,9 @@ def cmd_distill(args) -> int:
         print("minibert: note: holding out 5 % of the texts (at most 1000) to measure agreement (--eval-texts to "
               "choose)", file=sys.stderr)
     run = D.distill_corpus(args.teacher, texts, out, eval_texts=held, student_blocks=blocks, pooling=args.pool,
-                           normalize=args.normalize, hidden_weight=args.hidden_weight,
-                           attention_weight=args.attention_weight, layer_map=args.layer_map, config=config,
+                           normalize=args.normalize, similarity_weight=args.similarity_weight,
+                           hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
+                           layer_map=args.layer_map, config=config,
                            batch_size=args.batch_size, max_length=args.max_length, log=log)
     best = run.history.epochs[run.history.best_epoch - 1]["eval"]
     print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
@@ -416,11 +417,12 @@ def cmd_distill(args) -> int:
 def cmd_exits(args) -> int:
     from .training.depth import train_exits
 
-    if args.lr <= 0:
-        raise InputError(f"--lr must be > 0, got {args.lr}")
     from .training.loop import FitConfig
 
-    config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, progress=not args.quiet)
+    lr = args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3)
+    if lr <= 0:
+        raise InputError(f"--lr must be > 0, got {lr}")
+    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet)
     table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
                         batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,
                         label_column=args.label_column,
@@ -647,6 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "at most 1000)")
     p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean", help="embedding mode: sentence vector")
     p.add_argument("--normalize", action="store_true", help="embedding mode: match unit vectors (cosine models)")
+    p.add_argument("--similarity-weight", type=float, default=0.0,
+                   help="embedding mode: weight of the MSE between in-batch cosine similarities (default 0)")
     p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
     p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
     p.add_argument("--task", choices=["classify", "tag"], default="classify")
@@ -678,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     p.add_argument("--epochs", type=_positive_int, default=2)
-    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--lr", type=float, help="learning rate (default 1e-3: only the exits train; --joint 5e-5)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-length", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)

@@ -113,6 +113,16 @@ def test_soft_target_loss_is_the_tempered_kl_times_t_squared():
         assert float(distill.soft_target_loss(t, t, T)) == pytest.approx(0.0, abs=1e-6)
 
 
+def test_similarity_loss_compares_every_pair_of_cosines():
+    torch.manual_seed(3)
+    a, b = torch.randn(6, 8), torch.randn(6, 8)
+    want = torch.stack([(F.cosine_similarity(a[i], a[j], dim=0) - F.cosine_similarity(b[i], b[j], dim=0)) ** 2
+                        for i in range(6) for j in range(i + 1, 6)]).mean()
+    assert torch.allclose(distill.similarity_loss(a, b), want, atol=1e-6)
+    assert float(distill.similarity_loss(a, 2 * a)) == pytest.approx(0.0, abs=1e-10)  # cosines ignore scale
+    assert float(distill.similarity_loss(a[:1], b[:1])) == 0.0  # one text: no pair
+
+
 def test_inside_losses_ignore_padding_and_vanish_on_equal_inputs(tiny_encoder_dir):
     model = BertModel.from_pretrained(tiny_encoder_dir).eval()
     tok = BertTokenizer.from_pretrained(tiny_encoder_dir)

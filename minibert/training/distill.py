@@ -5,6 +5,7 @@ default, as DistilBERT), its pooler and head, copied -- and then trained to matc
 
     sentence embeddings (sentence-transformers' model distillation), on unlabelled text:
         loss = MSE(pool(student), pool(teacher))                               pooled sentence vectors
+             + similarity_weight * MSE(cos_s(i, j), cos_t(i, j))                 every pair i < j in the batch
     task (Hinton et al. 2015; DistilBERT), on labelled data, from a fine-tuned teacher:
         loss = alpha * T^2 * KL(softmax(z_t / T) || softmax(z_s / T)) + (1 - alpha) * CE(z_s, y)
 
@@ -196,16 +197,30 @@ class _Distiller(nn.Module):
         return parts
 
 
+def similarity_loss(student_vectors: torch.Tensor, teacher_vectors: torch.Tensor) -> torch.Tensor:
+    """MSE between the two models' cosine similarities of every pair of texts in the batch (B, H) -- the
+    structure a user of the vectors compares (similarity-preserving distillation, Tung and Mori 2019)."""
+    s, t = F.normalize(student_vectors.float(), dim=-1), F.normalize(teacher_vectors.float(), dim=-1)
+    B = s.shape[0]
+    if B < 2:
+        return s.sum() * 0.0
+    pairs = torch.triu_indices(B, B, 1, device=s.device)
+    return F.mse_loss((s @ s.T)[pairs[0], pairs[1]], (t @ t.T)[pairs[0], pairs[1]])
+
+
 class EmbeddingDistiller(_Distiller):
     """Sentence-embedding distillation: the student's pooled vectors regress the teacher's (MSE), with
-    ``normalize`` comparing unit vectors (for models used through cosine similarity)."""
+    ``normalize`` comparing unit vectors (for models used through cosine similarity); with
+    ``similarity_weight``, plus the MSE between the two models' in-batch cosine-similarity matrices."""
 
     def __init__(self, teacher: BertModel, student: BertModel, *, pooling: str = "mean", normalize: bool = False,
-                 **inside):
+                 similarity_weight: float = 0.0, **inside):
         super().__init__(teacher, student, **inside)
         if pooling not in POOLINGS:
             raise InputError(f"pooling {pooling!r}: use one of {POOLINGS}")
-        self.pooling, self.normalize = pooling, normalize
+        if not similarity_weight >= 0:
+            raise InputError(f"similarity_weight={similarity_weight!r} must be >= 0")
+        self.pooling, self.normalize, self.similarity_weight = pooling, normalize, float(similarity_weight)
         self._fast_teacher = fast.prepare(teacher)
 
     def sentence_vectors(self, out, attention_mask) -> torch.Tensor:
@@ -218,8 +233,10 @@ class EmbeddingDistiller(_Distiller):
             teacher = self.teacher if attentions else self._fast_teacher  # no maps needed: the fast path
             t_out = teacher(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
         s_out = self.student(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
-        parts = {"embedding": F.mse_loss(self.sentence_vectors(s_out, attention_mask).float(),
-                                         self.sentence_vectors(t_out, attention_mask).float())}
+        s_vec, t_vec = self.sentence_vectors(s_out, attention_mask).float(), self.sentence_vectors(t_out, attention_mask).float()
+        parts = {"embedding": F.mse_loss(s_vec, t_vec)}
+        if self.similarity_weight:
+            parts["similarity"] = self.similarity_weight * similarity_loss(s_vec, t_vec)
         parts.update(self._inside_terms(s_out, t_out, attention_mask))
         return DistillOutput(sum(parts.values()), {k: float(v.detach()) for k, v in parts.items()})
 
@@ -323,7 +340,7 @@ def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Te
 
 def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts: Sequence[str], *,
                        eval_texts: Sequence[str] | None = None, pooling: str = "mean", normalize: bool = False,
-                       hidden_weight: float = 0.0, attention_weight: float = 0.0,
+                       similarity_weight: float = 0.0, hidden_weight: float = 0.0, attention_weight: float = 0.0,
                        layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=2e-4),
                        batch_size: int = 32, max_length: int | None = 128, out_dir=None,
                        log: Callable[[str], None] | None = None) -> History:
@@ -333,7 +350,8 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
     if eval_texts is not None and len(eval_texts) < 3:
         raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement needs at least 3")
     distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=normalize,
-                                   hidden_weight=hidden_weight, attention_weight=attention_weight, layer_map=layer_map)
+                                   similarity_weight=similarity_weight, hidden_weight=hidden_weight,
+                                   attention_weight=attention_weight, layer_map=layer_map)
     evaluate, reference = None, None
     if eval_texts:
         reference = embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length)
@@ -365,7 +383,8 @@ class CorpusRun:
 
 
 def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts: Sequence[str] | None = None,
-                   student_blocks=None, pooling: str = "mean", normalize: bool = False, hidden_weight: float = 0.0,
+                   student_blocks=None, pooling: str = "mean", normalize: bool = False,
+                   similarity_weight: float = 0.0, hidden_weight: float = 0.0,
                    attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
                    config: FitConfig = FitConfig(epochs=3, lr=2e-4), batch_size: int = 32,
                    max_length: int | None = 128, log: Callable[[str], None] | None = None) -> CorpusRun:
@@ -394,7 +413,8 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
     before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
                                  embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
     history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
-                                 normalize=normalize, hidden_weight=hidden_weight, attention_weight=attention_weight,
+                                 normalize=normalize, similarity_weight=similarity_weight,
+                                 hidden_weight=hidden_weight, attention_weight=attention_weight,
                                  layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
                                  out_dir=out_dir, log=log)
     copy_tokenizer(teacher_source, out_dir)
