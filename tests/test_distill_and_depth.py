@@ -320,6 +320,7 @@ def early_exit_model(tiny_teacher_dir, frozen=True):
     torch.manual_seed(0)
     with torch.no_grad():  # make the exits disagree and differ in confidence, as trained ones do
         for ramp in ee.ramps:
+            ramp[0].weight.normal_(0, 0.5)
             ramp[3].weight.normal_(0, 2.0)
     return ee
 

@@ -11,8 +11,8 @@
       small = keep_blocks(model, spread_blocks(6, 3))   # blocks 1, 3, 5
 
 * **Early exit** (DeeBERT, Xin et al. 2020; PABEE, Zhou et al. 2020): a classifier after every block
-  ("off-ramp": the pooler's tanh layer and a linear layer, started as copies of the model's own pooler
-  and classifier); the model's own pooler and classifier are the last exit. Trained on a frozen,
+  ("off-ramp": a tanh layer and a linear layer, the shape of the pooler and classifier, drawn from
+  N(0, 0.02) with a seed); the model's own pooler and classifier are the last exit. Trained on a frozen,
   fine-tuned model (``EarlyExit(model)``: only the ramps learn) or jointly (``frozen=False``: everything
   learns, exit i's loss weighted by i + 1, as PABEE). At inference a row leaves the batch at the first
   exit whose prediction is confident (softmax entropy below ``entropy``) or, with ``patience=k``, once
@@ -103,7 +103,7 @@ class EarlyExit(nn.Module):
 
     EXITS_FILE = "early_exits.safetensors"
 
-    def __init__(self, model: BertForSequenceClassification, *, frozen: bool = True):
+    def __init__(self, model: BertForSequenceClassification, *, frozen: bool = True, seed: int = 0):
         super().__init__()
         if not isinstance(model, BertForSequenceClassification) or model.bert.pooler is None:
             raise InputError("EarlyExit takes a BertForSequenceClassification (with its pooler)")
@@ -112,19 +112,23 @@ class EarlyExit(nn.Module):
             raise InputError(f"early exit needs a single-label classifier; this model's problem is {kind}")
         self.model, self.frozen, self.config = model, bool(frozen), model.config
         N = model.config.num_hidden_layers
-        self.ramps = nn.ModuleList(self._ramp_from(model) for _ in range(N - 1))  # exits after blocks 0..N-2
+        generator = torch.Generator().manual_seed(seed)
+        self.ramps = nn.ModuleList(self._new_ramp(model, generator) for _ in range(N - 1))  # after blocks 0..N-2
         if frozen:
             for p in model.parameters():
                 p.requires_grad_(False)
 
     @staticmethod
-    def _ramp_from(model) -> nn.Sequential:
-        """tanh(W h_[CLS] + b) then dropout and a linear layer: the model's pooler and classifier, copied."""
+    def _new_ramp(model, generator) -> nn.Sequential:
+        """tanh(W h_[CLS] + b), dropout, a linear layer: the shape of the model's pooler and classifier,
+        drawn from N(0, 0.02) with zero biases (as BERT initialises). A copy of the top pooler would
+        saturate its tanh on the lower blocks' vectors, and the exit would learn nothing."""
         H, C = model.config.hidden_size, model.config.num_labels
         ramp = nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Dropout(model.dropout.p), nn.Linear(H, C))
         with torch.no_grad():
-            ramp[0].load_state_dict(model.bert.pooler.dense.state_dict())
-            ramp[3].load_state_dict(model.classifier.state_dict())
+            for linear in (ramp[0], ramp[3]):
+                linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator) * 0.02)
+                linear.bias.zero_()
         return ramp
 
     def train(self, mode: bool = True):
