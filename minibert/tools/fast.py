@@ -263,6 +263,7 @@ class Stepper:
         steps = Stepper(model, **batch)   # embeddings of the real tokens
         steps.run_block(0)                # block 0 on the rows still there
         steps.first_tokens()              # (rows left, H): each row's [CLS] vector after the last block run
+        steps.mean_tokens()               # (rows left, H): the mean of each row's real tokens
         steps.keep(mask)                  # mask over the rows left: False = the row leaves
         steps.rows                        # original batch indices of the rows left
 
@@ -294,6 +295,9 @@ class Stepper:
     def first_tokens(self) -> torch.Tensor:
         starts = torch.tensor([0] + self.lengths[:-1]).cumsum(0)
         return self.x[starts]  # (rows left, H)
+
+    def mean_tokens(self) -> torch.Tensor:
+        return torch.stack([piece.mean(0) for piece in self.x.split(self.lengths)])  # (rows left, H)
 
     def keep(self, mask: torch.Tensor) -> None:
         mask = mask.tolist()

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..errors import InputError
 from ..heads import BertForSequenceClassification, sequence_loss
+from ..analysis.layers import pool
 from ..inputs import check_index
 from ..tools.fast import Stepper
 
@@ -103,14 +104,17 @@ class EarlyExit(nn.Module):
 
     EXITS_FILE = "early_exits.safetensors"
 
-    def __init__(self, model: BertForSequenceClassification, *, frozen: bool = True, seed: int = 0):
+    def __init__(self, model: BertForSequenceClassification, *, frozen: bool = True, seed: int = 0,
+                 pooling: str = "mean"):
         super().__init__()
         if not isinstance(model, BertForSequenceClassification) or model.bert.pooler is None:
             raise InputError("EarlyExit takes a BertForSequenceClassification (with its pooler)")
         kind = model.config.problem_type or ("regression" if model.config.num_labels == 1 else "single_label_classification")
         if kind != "single_label_classification":
             raise InputError(f"early exit needs a single-label classifier; this model's problem is {kind}")
-        self.model, self.frozen, self.config = model, bool(frozen), model.config
+        if pooling not in ("mean", "cls"):
+            raise InputError(f"pooling {pooling!r}: the exits read 'mean' (of the real tokens) or 'cls'")
+        self.model, self.frozen, self.config, self.pooling = model, bool(frozen), model.config, pooling
         N = model.config.num_hidden_layers
         generator = torch.Generator().manual_seed(seed)
         self.ramps = nn.ModuleList(self._new_ramp(model, generator) for _ in range(N - 1))  # after blocks 0..N-2
@@ -137,12 +141,14 @@ class EarlyExit(nn.Module):
             self.model.eval()  # a frozen model has no dropout either
         return self
 
-    def exit_logits(self, i: int, first_tokens: torch.Tensor) -> torch.Tensor:
-        """Logits (B, C) of exit ``i`` from block i's [CLS] vectors (B, H)."""
-        if i == len(self.ramps):  # the last exit: the model's own pooler and classifier
+    def exit_logits(self, i: int, first_tokens: torch.Tensor, mean_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, C) of exit ``i`` from block i's [CLS] vectors and mean token vectors (B, H) each. The
+        ramps read the mean (or [CLS], with ``pooling="cls"``, as DeeBERT); the last exit is the model's
+        own pooler and classifier, on [CLS]."""
+        if i == len(self.ramps):
             pooled = self.model.bert.pooler.hook_output(torch.tanh(self.model.bert.pooler.dense(first_tokens)))
             return self.model.classifier(self.model.dropout(pooled))
-        return self.ramps[i](first_tokens)
+        return self.ramps[i](mean_tokens if self.pooling == "mean" else first_tokens)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None) -> ExitOutput:
         """Every exit's logits; with labels, the training loss: the mean of the ramps' losses (frozen), or
@@ -150,7 +156,8 @@ class EarlyExit(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             out = self.model.bert(input_ids, attention_mask, token_type_ids, position_ids)
         states = out.hidden_states[1:]  # block outputs, (B, T, H) each
-        logits = torch.stack([self.exit_logits(i, h[:, 0]) for i, h in enumerate(states)])  # (N, B, C)
+        logits = torch.stack([self.exit_logits(i, h[:, 0], pool(h, attention_mask, "mean"))
+                              for i, h in enumerate(states)])  # (N, B, C)
         loss = None
         if labels is not None:
             losses = torch.stack([sequence_loss(z, labels, self.config) for z in logits])  # (N,)
@@ -185,7 +192,7 @@ class EarlyExit(nn.Module):
             previous = torch.full((B,), -1)
             for i in range(N):
                 steps.run_block(i)
-                z = self.exit_logits(i, steps.first_tokens()).float()  # (rows left, C)
+                z = self.exit_logits(i, steps.first_tokens(), steps.mean_tokens()).float()  # (rows left, C)
                 rows = steps.rows
                 if entropy is not None:
                     p = z.softmax(-1)
@@ -228,7 +235,7 @@ class EarlyExit(nn.Module):
         in ``early_exits.safetensors``."""
         self.model.save_pretrained(directory)
         save_file({k: v.detach().contiguous() for k, v in self.ramps.state_dict().items()},
-                  Path(directory) / self.EXITS_FILE)
+                  Path(directory) / self.EXITS_FILE, metadata={"pooling": self.pooling})
 
     @classmethod
     def from_pretrained(cls, directory) -> "EarlyExit":
@@ -236,7 +243,11 @@ class EarlyExit(nn.Module):
         path = Path(directory) / cls.EXITS_FILE
         if not path.exists():
             raise InputError(f"{directory} has no {cls.EXITS_FILE}: it is a plain classifier, not an early-exit one")
-        ee = cls(model)
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            pooling = (f.metadata() or {}).get("pooling", "cls")
+        ee = cls(model, pooling=pooling)
         state = load_file(path)
         expected = ee.ramps.state_dict()
         if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in expected):
