@@ -245,7 +245,7 @@ def markdown(results: dict, header: str) -> str:
         names = list(ld["trained_accuracy"])
         md += ["## LayerDrop: accuracy vs blocks kept (TREC-6 test)", "",
                f"Fine-tuned without LayerDrop (3 epochs) and with it (p = {ld['p']}, {ld.get('epochs', 3)} epochs), then "
-               "pruned without further training; the row \"trained\" is each model's own best epoch. "
+               "pruned without further training; "
                "\"every other\" keeps evenly spread blocks including the top one (`depth.spread_blocks`); "
                "\"bottom k\" keeps blocks 0..k-1.", "",
                "| blocks kept | which | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
