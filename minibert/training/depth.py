@@ -12,7 +12,8 @@
 
 * **Early exit** (DeeBERT, Xin et al. 2020; PABEE, Zhou et al. 2020): a classifier after every block
   ("off-ramp": a tanh layer and a linear layer, the shape of the pooler and classifier, drawn from
-  N(0, 0.02) with a seed); the model's own pooler and classifier are the last exit. Trained on a frozen,
+  N(0, 0.02) with a seed, reading the mean of the block's real tokens -- or [CLS], as DeeBERT, with
+  ``pooling="cls"``); the model's own pooler and classifier are the last exit. Trained on a frozen,
   fine-tuned model (``EarlyExit(model)``: only the ramps learn) or jointly (``frozen=False``: everything
   learns, exit i's loss weighted by i + 1, as PABEE). At inference a row leaves the batch at the first
   exit whose prediction is confident (softmax entropy below ``entropy``) or, with ``patience=k``, once
@@ -125,8 +126,7 @@ class EarlyExit(nn.Module):
     @staticmethod
     def _new_ramp(model, generator) -> nn.Sequential:
         """tanh(W h_[CLS] + b), dropout, a linear layer: the shape of the model's pooler and classifier,
-        drawn from N(0, 0.02) with zero biases (as BERT initialises). A copy of the top pooler would
-        saturate its tanh on the lower blocks' vectors, and the exit would learn nothing."""
+        drawn from N(0, 0.02) with zero biases (as BERT initialises)."""
         H, C = model.config.hidden_size, model.config.num_labels
         ramp = nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Dropout(model.dropout.p), nn.Linear(H, C))
         with torch.no_grad():
