@@ -220,8 +220,19 @@ def cmd_embed(args) -> int:
     import torch
 
     from .analysis import layers as L
+    from .analysis.probing import progress_bar
+    from .compat import sentence
     from .tools import fast
+    from .tools.batching import collate, plan_batches
 
+    if args.engine == "ray":
+        return _embed_on_ray(args)
+    for name in ("workers", "threads", "address"):
+        if getattr(args, name) is not None:
+            raise InputError(f"--{name} is for --engine ray")
+    if len(args.texts) != 1:
+        raise InputError(f"the local engine embeds one file ({len(args.texts)} given); --engine ray takes shards")
+    args.texts = args.texts[0]
     texts = read_lines(args.texts)
     if not texts:
         raise InputError(f"{args.texts} has no lines")
@@ -229,41 +240,125 @@ def cmd_embed(args) -> int:
     if blank and args.blank == "error":
         raise _blank_line_error(args.texts, blank)
     out_path = _output_file(args.out, ".npy", "--out")
-    model, tokenizer = _load(args.model, max_length=args.max_length)
-    chosen = L.parse_layers(args.layers, model.config.num_hidden_layers + 1)
+    raw = [name for name, value in (("--layers", args.layers), ("--pool", args.pool), ("--combine", args.combine))
+           if value is not None]
+    follow = not raw and not args.ignore_folder_settings and sentence.is_sentence_folder(args.model)
+    if follow:  # a sentence-transformers folder: its truncation, pooling and normalisation
+        encoder = sentence.SentenceEncoder.from_pretrained(args.model)
+        if args.max_length is not None:
+            encoder.max_seq_length = sentence.check_max_seq_length(args.max_length, encoder.model.config)
+        model, tokenizer, limit = encoder.model, encoder.tokenizer, encoder.max_seq_length
+        settings = encoder.settings()
+        described = (f"sentence-transformers settings from modules.json: max_seq_length {limit}"
+                     f"{' (--max-length)' if args.max_length is not None else ''}, pooling "
+                     f"{'+'.join(settings['pooling'])}{', normalized' if settings['normalize'] else ''}"
+                     f"{', lowercased' if settings['do_lower_case'] else ''}")
+        print(f"minibert: embed follows {args.model}'s {described}; --layers/--pool/--combine or "
+              "--ignore-folder-settings pool hidden states instead", file=sys.stderr)
+        encoding = encoder.tokenize(texts)
+    else:
+        model, tokenizer = _load(args.model, max_length=args.max_length)
+        layers, pool_method, combine = args.layers or "-1", args.pool or "mean", args.combine or "concat"
+        chosen = L.parse_layers(layers, model.config.num_hidden_layers + 1)
+        limit = args.max_length or tokenizer.model_max_length
+        described = f"layers {chosen}, pool={pool_method}, combine={combine}"
+        encoding = tokenizer(texts, truncation=True, max_length=limit, return_token_type_ids=False,
+                             return_attention_mask=False)
     blank_set = set(blank)
-    todo = [i for i in range(len(texts)) if i not in blank_set]
-    order = sorted(todo, key=lambda i: len(texts[i]))  # length-sorted: little padding
-    result = [None] * len(texts)
-    truncated = []
-    from .analysis.probing import progress_bar
-
-    bar = progress_bar(len(texts), "embed", not args.quiet)
-    run = fast.prepare(model)
-    bar.update(len(blank))
-    with torch.inference_mode():
-        for start in range(0, len(order), args.batch_size):
-            ids = order[start:start + args.batch_size]
-            batch = _tokenize(tokenizer, [texts[i] for i in ids], args.max_length, truncated,
-                              numbers=[i + 1 for i in ids])  # line numbers
-            empty = [i for i, n in zip(ids, batch["attention_mask"].sum(1).tolist()) if n <= 2]  # [CLS] [SEP] only
-            if empty and args.blank == "error":  # e.g. a line of control characters, which the tokenizer drops
-                raise _blank_line_error(args.texts, empty, "has no token")
-            blank += empty
-            out = run(**batch)
-            pooled = L.pool(L.select_layers(out.hidden_states, chosen), batch["attention_mask"], args.pool)  # (k, B, H)
-            vectors = torch.cat(tuple(pooled), -1) if args.combine == "concat" else pooled.mean(0)
-            for i, v in zip(ids, vectors.float().numpy()):
-                result[i] = None if i in empty else v
-            bar.update(len(ids))
+    empty = [i for i, ids in enumerate(encoding["input_ids"]) if len(ids) <= 2 and i not in blank_set]
+    if empty and args.blank == "error":  # e.g. a line of control characters, which the tokenizer drops
+        raise _blank_line_error(args.texts, empty, "has no token")
+    skip = blank_set | set(empty)
+    todo = [i for i in range(len(texts)) if i not in skip]
+    ids = [encoding["input_ids"][i] for i in todo]
+    truncated = [(i + 1, n) for i, n in enumerate(encoding.num_truncated_tokens) if n and i not in skip]
+    batch_size = args.batch_size or (None if args.max_tokens else 32)
+    bar = progress_bar(len(todo), "embed", not args.quiet)
+    if follow:
+        vectors = encoder.encode_ids(ids, batch_size=batch_size, max_tokens=args.max_tokens)
+        bar.update(len(todo))
+    else:
+        width = model.config.hidden_size * (len(chosen) if combine == "concat" else 1)
+        vectors = torch.zeros(len(todo), width)
+        run = fast.prepare(model)
+        with torch.inference_mode():
+            for rows in plan_batches([len(x) for x in ids], batch_size=batch_size, max_tokens=args.max_tokens):
+                batch = collate(ids, rows, tokenizer.pad_token_id)
+                out = run(**batch)
+                pooled = L.pool(L.select_layers(out.hidden_states, chosen), batch["attention_mask"], pool_method)  # (k, B, H)
+                vectors[torch.as_tensor(rows)] = (torch.cat(tuple(pooled), -1) if combine == "concat"
+                                                  else pooled.mean(0)).float()
+                bar.update(len(rows))
     bar.close()
-    width = model.config.hidden_size * (len(chosen) if args.combine == "concat" else 1)
-    array = np.stack([np.zeros(width, dtype=np.float32) if v is None else v for v in result])
-    _report_truncation(sorted(truncated), len(texts), args.max_length or tokenizer.model_max_length, what="line")
+    array = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
+    array[todo] = vectors.numpy()
+    _report_truncation(truncated, len(texts), limit, what="line")
     np.save(out_path, array)
-    zeros = f"; {len(blank)} blank line(s) are rows of zeros" if blank else ""
-    print(f"wrote {out_path}: {array.shape[0]} texts x {array.shape[1]} dims (layers {chosen}, pool={args.pool}, "
-          f"combine={args.combine}){zeros}")
+    skipped = sorted(skip)
+    zeros = f"; {len(skipped)} blank line(s) are rows of zeros" if skipped else ""
+    print(f"wrote {out_path}: {array.shape[0]} texts x {array.shape[1]} dims ({described}){zeros}")
+    return 0
+
+
+def _embed_on_ray(args) -> int:
+    from .distributed import embed_dataset
+
+    for name in ("layers", "pool", "combine"):
+        if getattr(args, name) is not None:
+            raise InputError(f"--{name}: the Ray engine follows the model folder's settings (SentenceEncoder)")
+    workers = args.workers or 2
+    report = embed_dataset(args.texts, args.out, model=args.model, workers=workers, threads=args.threads,
+                           batch_size=args.batch_size, max_tokens=args.max_tokens or 8192, address=args.address)
+    print(f"wrote {report.out_dir}: {report.rows_out} vectors of {report.rows_in} texts in {report.seconds:.1f} s "
+          f"({report.texts_per_second:.1f} texts/s, {workers} worker(s))")
+    if report.blank:
+        print(f"minibert: note: {len(report.blank)} blank text(s) have no vector: {', '.join(report.blank[:5])}"
+              + (" ..." if len(report.blank) > 5 else ""), file=sys.stderr)
+    if report.failed:
+        for rid, error in report.failed[:10]:
+            print(f"minibert: error: {rid}: {error}", file=sys.stderr)
+        print(f"minibert: error: {len(report.failed)} text(s) could not be embedded (ids above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_search(args) -> int:
+    import numpy as np
+
+    from .compat.sentence import SentenceEncoder, cosine_search
+
+    lines = read_lines(args.corpus)
+    keep = [i for i, t in enumerate(lines) if t.strip()]
+    if not keep:
+        raise InputError(f"{args.corpus} has no non-blank line to search")
+    encoder = SentenceEncoder.from_pretrained(args.model)
+    index = Path(args.index).expanduser() if args.index else None
+    matrix = None
+    if index is not None and index.exists():
+        matrix = np.load(index)
+        if matrix.shape != (len(lines), encoder.get_sentence_embedding_dimension()):
+            raise InputError(f"--index {index} holds a {matrix.shape} matrix; {args.corpus} with {args.model} needs "
+                             f"({len(lines)}, {encoder.get_sentence_embedding_dimension()}): delete it to rebuild it")
+        print(f"minibert: using the saved index {index}", file=sys.stderr)
+    if matrix is None:
+        matrix = np.zeros((len(lines), encoder.get_sentence_embedding_dimension()), dtype=np.float32)
+        matrix[keep] = encoder.encode([lines[i] for i in keep], show_progress_bar=not args.quiet)
+        if index is not None:
+            np.save(_output_file(str(index), ".npy", "--index"), matrix)
+            print(f"minibert: saved the index to {index} (reused while the corpus keeps {len(lines)} lines)",
+                  file=sys.stderr)
+    queries = encoder.encode(args.queries)
+    hits = cosine_search(matrix[keep], queries, k=args.k)
+    results = [{"query": q, "hits": [{"line": keep[j] + 1, "score": round(score, 6), "text": lines[keep[j]]}
+                                     for j, score in found]} for q, found in zip(args.queries, hits)]
+    if args.json:
+        json.dump({"model": args.model, "corpus": args.corpus, "results": results}, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    for result in results:
+        print(f"{result['query']!r}:")
+        for hit in result["hits"]:
+            print(f"  {hit['score']:.4f}  line {hit['line']}: {hit['text'][:100]}")
     return 0
 
 
@@ -354,6 +449,8 @@ def cmd_finetune(args) -> int:
                        recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
                        lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")],
                        layerdrop=args.layerdrop)
+    if history.best_epoch is None:  # a torchrun process other than 0: it trained; process 0 evaluates and writes
+        return 0
     print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: checkpoint, tokenizer, "
           "metrics.json")
     return 0
@@ -573,15 +670,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_probe)
 
-    p = sub.add_parser("embed", help="embed a file of texts (one per line) into a .npy matrix")
-    p.add_argument("texts", help="a UTF-8 text file, one text per line, lines end at \\n only "
-                                 "(row i of the output = line i)")
+    p = sub.add_parser("embed", help="embed a file of texts (one per line) into a .npy matrix (or, with --engine "
+                                     "ray, shards into Parquet)")
+    p.add_argument("texts", nargs="+", help="a UTF-8 text file, one text per line, lines end at \\n only "
+                                            "(row i of the output = line i); with --engine ray: shards (.txt, .jsonl, "
+                                            ".parquet), directories or globs")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local (default): this process, a .npy matrix; ray: Ray Data actors, Parquet (id, vector) "
+                        "files in --out (a directory); see minibert.distributed")
+    p.add_argument("--workers", type=_positive_int, help="--engine ray: actors (model copies), default 2")
+    p.add_argument("--threads", type=_positive_int, help="--engine ray: torch threads per actor (default 1)")
+    p.add_argument("--address", help="--engine ray: a running cluster (auto, ray://host:10001); default: local Ray")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
-    p.add_argument("--layers", default="-1", help="layers: -1, -4:, 0,6,-1 or all (default -1)")
-    p.add_argument("--pool", choices=["cls", "mean", "max"], default="mean")
-    p.add_argument("--combine", choices=["concat", "mean"], default="concat",
+    p.add_argument("--layers", help="pool these hidden states instead of following a sentence-transformers "
+                                    "folder: -1, -4:, 0,6,-1 or all (default -1)")
+    p.add_argument("--pool", choices=["cls", "mean", "max"], help="pooling of hidden states (default mean)")
+    p.add_argument("--combine", choices=["concat", "mean"],
                    help="how to join several layers (default concat: k x hidden dims)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--ignore-folder-settings", action="store_true",
+                   help="a sentence-transformers folder (modules.json) is followed by default (its truncation, "
+                        "pooling, normalisation); this pools hidden states with the options above instead")
+    p.add_argument("--batch-size", type=_positive_int, help="texts per batch (default 32 without --max-tokens)")
+    p.add_argument("--max-tokens", type=_positive_int,
+                   help="token budget per batch (rows x longest row, e.g. 8192) instead of a fixed count; with "
+                        "--batch-size given too, both limits hold")
     p.add_argument("--out", required=True, help="output .npy file (.npy is added when missing; the directory "
                                                 "must exist)")
     p.add_argument("--blank", choices=["error", "zeros"], default="error",
@@ -589,6 +701,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _max_length_option(p)
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("search", help="the lines of a corpus most similar to a query (cosine of sentence vectors)")
+    p.add_argument("corpus", help="a UTF-8 text file, one text per line (blank lines are never hits)")
+    p.add_argument("queries", nargs="+", help="one or more query texts")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=model_help + " (a sentence-transformers folder's "
+                                                                       "settings are followed)")
+    p.add_argument("-k", type=_positive_int, default=5, help="hits per query (default 5)")
+    p.add_argument("--index", help="a .npy file for the corpus vectors: written on the first run, reused after")
+    p.add_argument("--json", action="store_true", help="print the hits as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("inspect", help="parameters per component, FLOPs per token, activation memory")
     p.add_argument("--model", default=DEFAULT_MODEL,
@@ -740,7 +863,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
-    if getattr(args, "batch_size", 1) < 1:
+    if (getattr(args, "batch_size", 1) or 1) < 1:
         parser.error("--batch-size must be >= 1")
     try:
         with warnings.catch_warnings():  # restores showwarning afterwards (main may be called in-process)

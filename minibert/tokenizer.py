@@ -289,6 +289,119 @@ class BertTokenizer:
             raise InputError(f"token id {i} is not in the vocabulary (ids are 0..{len(self.vocab) - 1})")
         return token
 
+    # ------------------------------------------------------------- transformers' tokenizer surface
+    # What code written for BertTokenizerFast reads and calls (bert-score, sentence-transformers, ...).
+    @property
+    def unk_token_id(self) -> int:
+        return self.vocab[self.unk_token]
+
+    @property
+    def sep_token_id(self) -> int:
+        return self.vocab[self.sep_token]
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.vocab[self.pad_token]
+
+    @property
+    def cls_token_id(self) -> int:
+        return self.vocab[self.cls_token]
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self.vocab.get(self.mask_token) if self.mask_token is not None else None
+
+    @property
+    def all_special_tokens_extended(self) -> list[str]:
+        return list(self.all_special_tokens)
+
+    pad_token_type_id = 0
+    padding_side = "right"
+    truncation_side = "right"
+    model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+
+    @property
+    def max_len_single_sentence(self) -> int:
+        return self.model_max_length - 2  # [CLS] a [SEP]
+
+    @property
+    def max_len_sentences_pair(self) -> int:
+        return self.model_max_length - 3  # [CLS] a [SEP] b [SEP]
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.vocab)
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        return 3 if pair else 2
+
+    def build_inputs_with_special_tokens(self, token_ids_0: list[int], token_ids_1: list[int] | None = None) -> list[int]:
+        """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` as ids."""
+        out = [self.cls_token_id] + list(token_ids_0) + [self.sep_token_id]
+        return out + list(token_ids_1) + [self.sep_token_id] if token_ids_1 is not None else out
+
+    def create_token_type_ids_from_sequences(self, token_ids_0, token_ids_1=None) -> list[int]:
+        first = [0] * (len(token_ids_0) + 2)
+        return first + [1] * (len(token_ids_1) + 1) if token_ids_1 is not None else first
+
+    def get_special_tokens_mask(self, token_ids_0, token_ids_1=None, already_has_special_tokens: bool = False):
+        """1 where a special token is (or will be, once ``build_inputs_with_special_tokens`` adds them)."""
+        if already_has_special_tokens:
+            special = set(self.all_special_ids)
+            return [1 if i in special else 0 for i in token_ids_0]
+        mask = [1] + [0] * len(token_ids_0) + [1]
+        return mask + [0] * len(token_ids_1) + [1] if token_ids_1 is not None else mask
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return " ".join(tokens).replace(" ##", "").strip()
+
+    def encode(self, text, text_pair=None, *, add_special_tokens: bool = True, padding=False, truncation=None,
+               max_length: int | None = None, return_tensors=None, **kwargs) -> list[int]:
+        """The ids of one text (or pair), as transformers' ``encode``: ``tokenizer(text)["input_ids"]``.
+        Already tokenised input (a list of tokens) is looked up as it is."""
+        if isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
+            ids = self.convert_tokens_to_ids(list(text))
+            return self.build_inputs_with_special_tokens(ids) if add_special_tokens else ids
+        _no_other_options("encode", kwargs)
+        out = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding, truncation=truncation,
+                   max_length=max_length, return_tensors=return_tensors)
+        return out["input_ids"]
+
+    def encode_plus(self, text, text_pair=None, **kwargs) -> "Encoding":
+        """One text (or pair): ``tokenizer(text, text_pair, ...)`` (transformers' older name)."""
+        if isinstance(text, (list, tuple)):
+            raise InputError("encode_plus takes one text; use batch_encode_plus or tokenizer([...]) for a batch")
+        return self(text, text_pair, **kwargs)
+
+    def batch_encode_plus(self, batch_text_or_text_pairs, **kwargs) -> "Encoding":
+        """A batch of texts or (text, pair) tuples: ``tokenizer([...], ...)`` (transformers' older name)."""
+        items = list(batch_text_or_text_pairs)
+        if items and all(isinstance(x, (list, tuple)) and len(x) == 2 for x in items):
+            return self([a for a, _ in items], [b for _, b in items], **kwargs)
+        return self(items, **kwargs)
+
+    def save_pretrained(self, directory) -> tuple[str, ...]:
+        """Write vocab.txt, tokenizer_config.json and special_tokens_map.json; transformers' AutoTokenizer
+        and ``BertTokenizer.from_pretrained`` both read them back to the same ids."""
+        import json
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        ordered = sorted(self.vocab.items(), key=lambda kv: kv[1])
+        if [i for _, i in ordered] != list(range(len(ordered))):
+            raise InputError("the vocabulary ids are not 0..n-1 without gaps; vocab.txt cannot hold it")
+        (directory / "vocab.txt").write_text("".join(t + "\n" for t, _ in ordered), encoding="utf-8")
+        specials = {name: getattr(self, name) for name in ("unk_token", "sep_token", "pad_token", "cls_token",
+                                                           "mask_token") if getattr(self, name) is not None}
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
+                  "strip_accents": None if self.strip_accents == self.do_lower_case else self.strip_accents,
+                  "tokenize_chinese_chars": self.tokenize_chinese_chars, "model_max_length": self.model_max_length,
+                  "clean_up_tokenization_spaces": True, **specials}
+        written = []
+        for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", specials)):
+            (directory / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+            written.append(str(directory / name))
+        return (str(directory / "vocab.txt"), *written)
+
     # ------------------------------------------------------------------------------- __call__
     def __call__(self, text, text_pair=None, *, add_special_tokens: bool = True, padding=False,
                  truncation=None, max_length: int | None = None, return_tensors=None,
@@ -457,6 +570,11 @@ def _as_tensor(key, values, return_tensors):
 
         return np.array(values, dtype=np.int64)
     raise InputError(f"return_tensors={return_tensors!r}; use None, 'pt' or 'np'")
+
+
+def _no_other_options(method: str, kwargs: dict) -> None:
+    if kwargs:
+        raise InputError(f"{method}: unsupported option(s) {', '.join(sorted(kwargs))}")
 
 
 def load_vocab(path) -> dict[str, int]:

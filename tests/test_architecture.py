@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGE = ROOT / "minibert"
-RANK = {"core": 0, "tools": 1, "analysis": 2, "training": 3, "front": 4}
+RANK = {"core": 0, "tools": 1, "analysis": 2, "compat": 3, "training": 3, "front": 4}
 FRONTS = {"minibert.cli", "minibert.testing", "minibert.api", "minibert.__main__"}
 
 
@@ -27,6 +27,8 @@ def layer(module: str) -> str:
         return "analysis"
     if module.startswith("minibert.training"):
         return "training"
+    if module.startswith(("minibert.compat", "minibert.distributed")):
+        return "compat"
     return "core"
 
 

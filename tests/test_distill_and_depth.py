@@ -168,6 +168,7 @@ def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir
     texts = (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n")[:256]
     held = (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n")[:60]
     student = distill.init_student(teacher, [0, 2, 4]).train()
+    teacher_weights = {k: v.clone() for k, v in teacher.state_dict().items()}
     before = distill.embedding_agreement(distill.embed(teacher, tok, held), distill.embed(student, tok, held))
     history = distill.distill_embeddings(teacher, student, tok, texts, eval_texts=held, normalize=True,
                                          out_dir=tmp_path / "s", config=FitConfig(epochs=2, lr=3e-4, progress=False),
@@ -178,7 +179,12 @@ def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir
     saved = BertModel.from_pretrained(tmp_path / "s")
     assert saved.config.num_hidden_layers == 3
     assert all(p.requires_grad for p in student.parameters())
-    assert not any(p.requires_grad for p in teacher.parameters())  # frozen by the distiller, never changed
+    # the teacher is run under no_grad: its weights and its requires_grad flags are left as they were, so a
+    # second student cut from it trains too (a frozen teacher once gave frozen students)
+    assert all(torch.equal(v, teacher_weights[k]) for k, v in teacher.state_dict().items())
+    assert all(p.requires_grad for p in teacher.parameters())
+    teacher.requires_grad_(False)
+    assert all(p.requires_grad for p in distill.init_student(teacher, [1, 3]).parameters())
 
 
 def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_path):

@@ -185,7 +185,11 @@ def test_truncation_is_said_and_max_length_sets_it(minilm_dir, tmp_path):
     lines.write_text(f"short\n{long_text}\nalso short\n{long_text}\n", encoding="utf-8")
     r = run_cli("embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet")
     assert r.returncode == 0, r.stderr
-    assert "2 of 4 lines had more than 512 tokens" in r.stderr and "lines 2, 4)" in r.stderr
+    # MiniLM's folder says max_seq_length 256 (sentence_bert_config.json), which embed follows (issue 15)
+    assert "2 of 4 lines had more than 256 tokens" in r.stderr and "lines 2, 4)" in r.stderr
+    r = run_cli("embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet",
+                "--ignore-folder-settings")
+    assert r.returncode == 0 and "2 of 4 lines had more than 512 tokens" in r.stderr
 
 
 def test_fill_says_the_mask_was_truncated(mlm_dir, capsys):
@@ -223,7 +227,7 @@ def test_embed_rows_are_lines_split_on_newline_only(minilm_dir, tmp_path):
     path.write_bytes(("\n".join(texts[:3]) + "\n" + texts[3] + "\r\n" + texts[4] + "\n").encode("utf-8"))
     assert minibert.cli.read_lines(path) == texts
     out = tmp_path / "vectors"  # no suffix: .npy is added, and the printed path says so
-    r = run_cli("embed", str(path), "--out", str(out), "--model", str(minilm_dir), "--quiet")
+    r = run_cli("embed", str(path), "--out", str(out), "--model", str(minilm_dir), "--quiet", "--pool", "mean")
     assert r.returncode == 0, r.stderr
     assert f"wrote {out}.npy: 5 texts" in r.stdout
     vectors = np.load(f"{out}.npy")

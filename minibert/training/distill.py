@@ -71,10 +71,14 @@ def default_blocks(num_blocks: int) -> list[int]:
 
 def init_student(teacher: nn.Module, blocks: Sequence[int] | None = None) -> nn.Module:
     """A copy of ``teacher`` (a BertModel or a task model) with only the blocks ``blocks`` (default
-    every other one), in that order; embeddings, pooler and head are copied. The teacher is unchanged."""
+    every other one), in that order; embeddings, pooler and head are copied, every parameter trainable.
+    The teacher is unchanged."""
     encoder = encoder_of(teacher)
     chosen = default_blocks(encoder.config.num_hidden_layers) if blocks is None else list(blocks)
-    return keep_blocks(teacher, chosen, what="student blocks")
+    student = keep_blocks(teacher, chosen, what="student blocks")
+    for p in student.parameters():  # a student is trained whole, even when the teacher was frozen
+        p.requires_grad_(True)
+    return student
 
 
 def uniform_layer_map(student_layers: int, teacher_layers: int) -> dict[int, int]:
@@ -164,9 +168,7 @@ class _Distiller(nn.Module):
         for name, value in (("hidden_weight", hidden_weight), ("attention_weight", attention_weight)):
             if not value >= 0:
                 raise InputError(f"{name}={value!r} must be >= 0")
-        self.teacher, self.student = teacher, student
-        for p in teacher.parameters():
-            p.requires_grad_(False)
+        self.teacher, self.student = teacher, student  # the teacher runs under no_grad; its flags are left as they are
         self.config = s  # for fit's layer-wise options
         self.hidden_weight, self.attention_weight = float(hidden_weight), float(attention_weight)
         self.layer_map = layer_map or uniform_layer_map(s.num_hidden_layers, t.num_hidden_layers)

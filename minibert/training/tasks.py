@@ -25,7 +25,7 @@ from ..heads import BertForSequenceClassification, BertForTokenClassification
 from ..loading import copy_tokenizer, load_model
 from ..model import BertModel
 from ..tokenizer import BertTokenizer
-from . import metrics
+from . import ddp, metrics
 from .depth import LayerDrop
 from .data import classification_batches, tag_words, tagging_batches
 from .datasets import read_table, read_tagged
@@ -52,6 +52,11 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file")
+    world = ddp.world_size()  # under torchrun: batch_size is each process's share of a batch_size x world batch
+    if world > 1 and recipe == "gradual":
+        raise InputError("the gradual recipe unfreezes blocks during training, which DistributedDataParallel "
+                         "does not allow; run it in one process")
+    batch_size = batch_size * world
     tokenizer = BertTokenizer.from_pretrained(model_source)
 
     if layerdrop and recipe == "scalarmix":
@@ -120,13 +125,20 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
                 f"{record['seconds']:.1f} s")
 
     drop = LayerDrop(model, layerdrop, seed=config.seed) if layerdrop else None
+    trained, keep = model, out_dir
+    if world > 1:  # torchrun: each process trains a replica on its slice; process 0 evaluates and saves
+        trained, evaluate, save, keep, report = ddp.wrap_for_fit(model, evaluate=evaluate, save=save, out_dir=out_dir,
+                                                                 log=report, recipe=recipe)
     try:
-        history = fit(model, batches, config=config, evaluate=evaluate, metric=metric, out_dir=out_dir,
+        history = fit(trained, batches, config=config, evaluate=evaluate, metric=metric, out_dir=keep,
                       on_epoch_start=on_epoch_start, on_epoch_end=report, save=save)
     finally:
         if drop is not None:
             drop.remove()
-    copy_tokenizer(model_source, out_dir)  # so that the checkpoint is usable on its own (`minibert predict DIR`)
+    if keep is not None:
+        copy_tokenizer(model_source, out_dir)  # so that the checkpoint is usable on its own (`minibert predict DIR`)
+    if world > 1:
+        ddp.finish()
     return history
 
 

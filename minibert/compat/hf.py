@@ -1,0 +1,260 @@
+"""Code written for transformers' ``BertModel`` runs on minibert: the calling convention, not a new model.
+
+    from minibert.compat import TransformersBertModel
+    model = TransformersBertModel.from_pretrained("weights/all-MiniLM-L6-v2")
+    out = model(input_ids, attention_mask=mask, output_hidden_states=True)
+    out[0], out[-1], out.last_hidden_state, out.to_tuple(), list(out.keys())    # as transformers' outputs
+    model.encoder.layer[:4], model.get_input_embeddings(), model.state_dict()   # transformers' names
+
+``TransformersBertModel`` subclasses the textbook ``minibert.model.BertModel``: the same parameters, the same forward pass
+(the readable one; the numbers are the textbook model's), and on top of it what transformers callers
+write -- ``output_hidden_states``, ``return_dict``, ``inputs_embeds``, ``head_mask``,
+``encoder_hidden_states=None``, outputs that index like ``ModelOutput``, ``encoder.layer``, and
+``state_dict`` / ``load_state_dict`` in transformers' tensor names. ``inputs_embeds`` and ``head_mask``
+are hooks at the model's own hook points (``embeddings.word``, ``blocks.i.attn.probs``), so ``model.py``
+has no branch for them.
+
+``TRANSFORMERS_SURFACE`` lists which of transformers' BertModel attributes this covers and which not
+(docs/transformers-compat.md is made from it and a test holds the two together).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from ..model import BertModel
+from ..errors import InputError
+from ..loading import normalise_name, tensor_map
+from ..model import Encoder
+from ..tools.hooks import hooks
+
+OUTPUT_FIELDS = ("last_hidden_state", "pooler_output", "hidden_states", "past_key_values", "attentions",
+                 "cross_attentions")
+
+
+class ModelOutput(OrderedDict):
+    """transformers' ``BaseModelOutputWithPoolingAndCrossAttentions`` behaviour: fields that are None are
+    absent; ``out.name``, ``out["name"]``, ``out[0]`` / ``out[-1]`` / ``out[1:]`` (over the fields that
+    are set, in order), ``to_tuple()``, ``keys()``, ``len(out)``, iteration over the keys."""
+
+    def __init__(self, **fields):
+        super().__init__((k, fields[k]) for k in OUTPUT_FIELDS if fields.get(k) is not None)
+        for k in OUTPUT_FIELDS:
+            object.__setattr__(self, k, fields.get(k))
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return super().__getitem__(key)
+        return self.to_tuple()[key]
+
+    def to_tuple(self) -> tuple:
+        return tuple(self.values())
+
+
+class LayerNamedEncoder(Encoder):
+    """The encoder with its blocks also reachable as ``encoder.layer`` (transformers' name), for reading
+    and for replacing: ``encoder.layer = nn.ModuleList(encoder.layer[:4])`` keeps the first 4 blocks."""
+
+    @property
+    def layer(self) -> nn.ModuleList:
+        return self.blocks
+
+    def __setattr__(self, name, value):
+        super().__setattr__("blocks" if name == "layer" else name, value)
+
+
+class TransformersBertModel(BertModel):
+    """The textbook BertModel answering transformers' BertModel calls (see the module docstring). minibert's
+    tools take it as they take any model: ``minibert.tools.hooks.run_with_cache(model, ...)``."""
+
+    main_input_name = "input_ids"
+    base_model_prefix = "bert"
+
+    def __init__(self, config, *, add_pooler: bool = True, add_mlm_head: bool = False):
+        super().__init__(config, add_pooler=add_pooler, add_mlm_head=add_mlm_head)
+        self.encoder.__class__ = LayerNamedEncoder  # same module, one more name for its blocks
+
+    @classmethod
+    def from_model(cls, model: BertModel) -> "TransformersBertModel":
+        """The same modules (shared, not copied) behind transformers' calling convention: a
+        ``minibert.BertModel`` (or the textbook one) becomes callable as transformers' BertModel."""
+        with torch.device("meta"):
+            new = cls(model.config, add_pooler=model.pooler is not None,
+                      add_mlm_head=getattr(model, "mlm_head", None) is not None)
+        new.embeddings, new.pooler, new.mlm_head = model.embeddings, model.pooler, getattr(model, "mlm_head", None)
+        new.encoder = model.encoder
+        if type(model.encoder) is Encoder:
+            new.encoder.__class__ = LayerNamedEncoder
+        new.train(model.training)
+        new.source = getattr(model, "source", "model")
+        return new
+
+    # ---------------------------------------------------------------------------------- forward
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, head_mask=None,
+                inputs_embeds=None, encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None,
+                use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """transformers' BertModel.forward. Returns a ``ModelOutput`` (or, with ``return_dict=False``, its
+        tuple). ``hidden_states`` is None unless ``output_hidden_states`` (argument, or the attribute /
+        config field of that name) asks for it. ``head_mask`` (num_heads,) or (num_layers, num_heads)
+        multiplies each head's attention probabilities (transformers 4's definition; 5 dropped it)."""
+        for name in ("fast", "num_blocks", "skip_blocks"):
+            if name in kwargs:
+                raise InputError(f"{name}= is minibert's own forward argument; call minibert.BertModel for it")
+        if kwargs:
+            raise InputError(f"unsupported argument(s) {', '.join(sorted(kwargs))} for transformers' BertModel.forward")
+        if encoder_hidden_states is not None or encoder_attention_mask is not None or past_key_values is not None:
+            raise InputError("encoder_hidden_states / encoder_attention_mask / past_key_values: BERT here is an "
+                             "encoder only (no cross-attention, no cache); pass None")
+        if use_cache:
+            raise InputError("use_cache=True: an encoder has no key/value cache")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise InputError("pass exactly one of input_ids and inputs_embeds")
+        output_attentions = bool(output_attentions if output_attentions is not None
+                                 else getattr(self.config, "output_attentions", False))
+        output_hidden_states = bool(output_hidden_states if output_hidden_states is not None
+                                    else getattr(self, "output_hidden_states", False)
+                                    or getattr(self.config, "output_hidden_states", False))
+        fns = {}
+        if inputs_embeds is not None:
+            input_ids, fns["embeddings.word"] = self._embeds_hook(inputs_embeds)
+        if head_mask is not None:
+            fns.update(self._head_mask_hooks(head_mask))
+        with hooks(self, fns):
+            out = super().forward(input_ids, attention_mask, token_type_ids, position_ids, output_attentions)  # readable path
+        result = ModelOutput(last_hidden_state=out.last_hidden_state, pooler_output=out.pooler_output,
+                             hidden_states=out.hidden_states if output_hidden_states else None,
+                             attentions=out.attentions)
+        return result if return_dict is None or return_dict else result.to_tuple()
+
+    def _embeds_hook(self, inputs_embeds):
+        H = self.config.hidden_size
+        if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != H:
+            raise InputError(f"inputs_embeds must be a (batch, tokens, {H}) tensor, got "
+                             f"{tuple(getattr(inputs_embeds, 'shape', ())) or type(inputs_embeds).__name__}")
+        B, T, _ = inputs_embeds.shape
+        placeholder = torch.full((B, T), self.config.pad_token_id, dtype=torch.long, device=inputs_embeds.device)
+
+        def replace_word_embeddings(x, name):  # the word embedding lookup's result becomes inputs_embeds
+            return inputs_embeds.to(x.dtype)
+        return placeholder, replace_word_embeddings
+
+    def _head_mask_hooks(self, head_mask):
+        N, h = self.config.num_hidden_layers, self.config.num_attention_heads
+        mask = torch.as_tensor(head_mask, dtype=self.dtype, device=self.device)
+        if mask.dim() == 1:
+            mask = mask.expand(N, -1)
+        if tuple(mask.shape) != (N, h):
+            raise InputError(f"head_mask has shape {tuple(torch.as_tensor(head_mask).shape)}; it must be "
+                             f"(num_heads,) = ({h},) or (num_layers, num_heads) = ({N}, {h})")
+
+        def scale(row):
+            return lambda probs, name: probs * row[None, :, None, None]  # (B, h, T, T)
+        return {f"blocks.{i}.attn.probs": scale(mask[i]) for i in range(len(self.encoder.blocks))
+                if not torch.all(mask[i] == 1)}
+
+    # ------------------------------------------------------------------------ transformers' names
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word = value
+
+    def get_output_embeddings(self):
+        return None  # as transformers' BertModel: no language-model head on the encoder
+
+    def num_parameters(self, only_trainable: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not only_trainable)
+
+    def _name_rows(self):
+        config = dataclasses.replace(self.config, num_hidden_layers=len(self.encoder.blocks))  # after encoder.layer cuts
+        return tensor_map(config, with_pooler=self.pooler is not None,
+                          with_mlm_head=getattr(self, "mlm_head", None) is not None)
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """transformers' names (``encoder.layer.0.attention.self.query.weight``, ...), in checkpoint order.
+        (``minibert.BertModel.state_dict(model)`` gives minibert's own names.)"""
+        ours = super().state_dict(keep_vars=keep_vars)
+        out = OrderedDict() if destination is None else destination
+        for theirs, name, _ in self._name_rows():
+            out[prefix + theirs] = ours.pop(name)
+        assert not ours, f"tensors with no transformers name: {sorted(ours)}"
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Accepts transformers' names (also ``bert.``-prefixed and the old gamma/beta spellings) or
+        minibert's own; shapes are checked against the config for every tensor."""
+        rows = self._name_rows()
+        to_ours = {theirs: ours for theirs, ours, _ in rows}
+        shapes = {ours: shape for _, ours, shape in rows}
+        converted, ignored = {}, []
+        for key, tensor in state_dict.items():
+            name = key if key in shapes else to_ours.get(normalise_name(key))
+            if name is None:
+                if key.endswith(("position_ids", "token_type_ids")):
+                    continue  # transformers' stored buffers: recomputed here
+                ignored.append(key)
+                continue
+            if tuple(tensor.shape) != shapes[name]:
+                raise InputError(f"{key}: shape {tuple(tensor.shape)}, this model needs {shapes[name]}")
+            converted[name] = tensor
+        if strict and ignored:
+            raise InputError(f"unexpected tensors for this model: {', '.join(ignored[:8])}"
+                             + (f" (+{len(ignored) - 8} more)" if len(ignored) > 8 else ""))
+        return super().load_state_dict(converted, strict=strict, assign=assign)
+
+
+#: transformers' BertModel attributes (beyond torch.nn.Module's) and BertTokenizerFast's that callers use:
+#: (name, covered, note). docs/transformers-compat.md is generated from it; tests check each "yes".
+TRANSFORMERS_SURFACE = {
+    "BertModel": [
+        ("forward(input_ids, attention_mask, token_type_ids, position_ids)", True, "the readable path"),
+        ("forward(output_hidden_states=, output_attentions=, return_dict=)", True, "hidden_states None unless asked"),
+        ("forward(inputs_embeds=)", True, "hook at embeddings.word"),
+        ("forward(head_mask=)", True, "transformers 4's definition; transformers 5 removed it"),
+        ("forward(encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None)", True,
+         "accepted as None; anything else is refused (no cross-attention)"),
+        ("outputs: out[0], out[-1], slices, to_tuple(), keys(), len(out), attributes", True,
+         "cross_attentions stays None (transformers 5 gives () with output_attentions; 4 gave None)"),
+        ("encoder.layer (read and replace)", True, "the same ModuleList as encoder.blocks"),
+        ("embeddings, encoder, pooler, config", True, "config fields as config.json's"),
+        ("get_input_embeddings / set_input_embeddings", True, ""),
+        ("get_output_embeddings", True, "None, as transformers' BertModel"),
+        ("state_dict / load_state_dict in transformers' names", True, "checked shapes; buffers ignored"),
+        ("from_pretrained(dir | hub id) / save_pretrained(dir)", True, "safetensors only"),
+        ("device, dtype, num_parameters(), main_input_name, base_model_prefix", True, ""),
+        ("embeddings.word_embeddings, encoder.layer[i].attention.self.query, ...", False,
+         "submodules keep minibert's names (embeddings.word, blocks[i].attn.query); state_dict translates"),
+        ("resize_token_embeddings, tie_weights, gradient_checkpointing_enable", False, "not implemented"),
+        ("generate, push_to_hub, attn_implementation, adapters (add_adapter ...)", False,
+         "out of scope (encoder only, offline; LoRA lives in minibert.training.lora)"),
+    ],
+    "BertTokenizerFast": [
+        ("__call__(text, text_pair, padding, truncation, max_length, return_tensors, return_offsets_mapping)",
+         True, "same ids and offsets"),
+        ("encode, encode_plus, batch_encode_plus", True, ""),
+        ("decode, batch_decode, tokenize, convert_tokens_to_ids, convert_ids_to_tokens, convert_tokens_to_string",
+         True, ""),
+        ("cls/sep/pad/unk/mask_token and *_token_id, all_special_tokens, all_special_ids", True, ""),
+        ("build_inputs_with_special_tokens, create_token_type_ids_from_sequences, get_special_tokens_mask",
+         True, ""),
+        ("model_max_length, max_len_single_sentence, max_len_sentences_pair, num_special_tokens_to_add", True, ""),
+        ("__len__, vocab_size, get_vocab, model_input_names, padding_side, pad_token_type_id", True, ""),
+        ("save_pretrained", True, "vocab.txt, tokenizer_config.json, special_tokens_map.json"),
+        ("is_split_into_words=, return_overflowing_tokens=, stride=, word_ids()", False, "not implemented"),
+        ("padding_side='left', add_tokens, backend_tokenizer, chat templates", False, "not implemented"),
+    ],
+}
+
+
+def surface_markdown() -> str:
+    """The table of docs/transformers-compat.md."""
+    lines = []
+    for cls, rows in TRANSFORMERS_SURFACE.items():
+        lines += [f"### {cls}", "", "| attribute or call | covered | note |", "|---|---|---|"]
+        lines += [f"| `{name}` | {'yes' if ok else 'no'} | {note} |" for name, ok, note in rows]
+        lines.append("")
+    return "\n".join(lines)

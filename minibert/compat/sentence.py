@@ -1,0 +1,257 @@
+"""sentence-transformers model folders on minibert: the same vectors as ``SentenceTransformer.encode``.
+
+    from minibert.compat import SentenceEncoder
+    encoder = SentenceEncoder.from_pretrained("weights/all-MiniLM-L6-v2")   # a sentence-transformers folder
+    vectors = encoder.encode(["a sentence", "another"], batch_size=32)     # (2, 384) numpy, unit vectors
+    encoder.settings()   # {"max_seq_length": 256, "do_lower_case": False, "pooling": ["mean"], "normalize": True}
+
+A sentence-transformers folder is a pipeline written down in ``modules.json``: a Transformer module (a
+BERT checkpoint, with ``sentence_bert_config.json``: ``max_seq_length`` truncates every text, and
+``do_lower_case`` lowercases it first), a Pooling module (``1_Pooling/config.json``) and, often, a
+Normalize module (unit vectors). minibert reads the same files and does the same steps:
+
+    tokens -> BERT (the fast path) -> pool over real tokens -> (normalize)
+
+Pooling modes, as sentence-transformers defines them (``m`` = attention mask, ``h_t`` = last hidden state):
+
+    cls                   h of the first real token
+    max                   max over real tokens of h_t (per feature)
+    mean                  sum_t m_t h_t / sum_t m_t
+    mean_sqrt_len_tokens  sum_t m_t h_t / sqrt(sum_t m_t)
+    weightedmean          sum_t m_t t h_t / sum_t m_t t          (t = 1, 2, ... from the first real token)
+    lasttoken             h of the last real token
+
+several modes are concatenated in the order the config lists them. A folder without ``modules.json``
+(a plain BERT checkpoint) is taken as mean pooling, no normalisation, the tokenizer's length limit;
+``settings()`` says which was used. Modules other than these three (Dense, ...) are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..model import BertModel
+from ..errors import CheckpointError, InputError
+from ..loading import MODEL_FILES, TOKENIZER_FILES, resolve_source
+from ..tokenizer import BertTokenizer
+from ..tools import fast
+from ..tools.batching import collate, plan_batches
+
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# pooling config.json's older spelling: one boolean per mode, in this order
+_LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+MODULE_FILES = ["modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
+                "config_sentence_transformers.json"]
+_FOLDER_FILES = MODULE_FILES + [f for f in (*MODEL_FILES, *TOKENIZER_FILES) if f not in MODULE_FILES]
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """One sentence-transformers pooling mode: (B, T, H), (B, T) -> (B, H). Rows are right-padded."""
+    mask = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
+    if mode == "cls":
+        return hidden[:, 0]  # right padding: the first real token is token 0
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values
+    if mode in ("mean", "mean_sqrt_len_tokens"):
+        total = (hidden * mask).sum(dim=1)  # (B, H)
+        count = mask.sum(dim=1).clamp(min=1e-9)  # (B, 1)
+        return total / (count if mode == "mean" else torch.sqrt(count))
+    if mode == "weightedmean":
+        positions = torch.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype, device=hidden.device)
+        weights = mask * positions.view(1, -1, 1)  # (B, T, 1): 1, 2, 3, ... on real tokens
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+    if mode == "lasttoken":
+        last = attention_mask.long().sum(dim=1).clamp(min=1) - 1  # (B,)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise InputError(f"pooling mode {mode!r}; sentence-transformers defines {', '.join(POOLING_MODES)}")
+
+
+def is_sentence_folder(source) -> bool:
+    """Whether ``source`` (a directory, a file in one, or a hub id in the local cache) has a modules.json."""
+    try:
+        path = resolve_source(source, files=MODULE_FILES)
+    except Exception:  # not found: the caller's own loading reports it
+        return False
+    return ((path if path.is_dir() else path.parent) / "modules.json").exists()
+
+
+def check_max_seq_length(value, config) -> int:
+    """``value`` if it is an integer in 3..max_position_embeddings, else an InputError that says so."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 2 < value <= config.max_position_embeddings:
+        raise InputError(f"max_seq_length={value!r}: must be an integer in 3..{config.max_position_embeddings} "
+                         "(the model's positions)")
+    return value
+
+
+def _lowercase_first(tokenizer_json: Path) -> bool:
+    """Whether a tokenizer.json normaliser is a Sequence with a Lowercase step (sentence-transformers'
+    do_lower_case), which BertTokenizer's own settings do not express."""
+    if not tokenizer_json.exists():
+        return False
+    normalizer = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("normalizer") or {}
+    return normalizer.get("type") == "Sequence" and any(
+        n.get("type") == "Lowercase" for n in normalizer.get("normalizers", []))
+
+
+def read_pooling_config(path: Path) -> list[str]:
+    """The modes of a ``1_Pooling/config.json``: ``pooling_mode`` (a name or a list; sentence-transformers
+    >= 5) or the older booleans ``pooling_mode_*_tokens`` (mean when none is set)."""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if "pooling_mode" in config:
+        modes = config["pooling_mode"]
+        modes = [modes] if isinstance(modes, str) else list(modes)
+    else:
+        modes = [mode for key, mode in _LEGACY_KEYS.items() if config.get(key)] or ["mean"]
+    for mode in modes:
+        if mode not in POOLING_MODES:
+            raise CheckpointError(f"{path}: pooling mode {mode!r} is not one of {', '.join(POOLING_MODES)}")
+    if config.get("include_prompt") is False:
+        raise CheckpointError(f"{path}: include_prompt=false (prompt tokens left out of pooling) is not supported")
+    return modes
+
+
+class SentenceEncoder:
+    """A BERT checkpoint with a sentence-transformers folder's pooling, normalisation and truncation."""
+
+    def __init__(self, model: BertModel, tokenizer: BertTokenizer, *, pooling: Sequence[str] = ("mean",),
+                 normalize: bool = False, max_seq_length: int | None = None, do_lower_case: bool = False,
+                 source: str = "model", from_folder: bool = False):
+        pooling = [pooling] if isinstance(pooling, str) else list(pooling)
+        if not pooling:
+            raise InputError("pooling: give at least one mode")
+        for mode in pooling:
+            if mode not in POOLING_MODES:
+                raise InputError(f"pooling mode {mode!r}; use one of {', '.join(POOLING_MODES)}")
+        if max_seq_length is None:
+            max_seq_length = min(tokenizer.model_max_length, model.config.max_position_embeddings)
+        check_max_seq_length(max_seq_length, model.config)
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.pooling, self.normalize = pooling, bool(normalize)
+        self.max_seq_length, self.do_lower_case = max_seq_length, bool(do_lower_case)
+        self.source, self.from_folder = source, from_folder
+        self._fast = fast.prepare(model)
+
+    @classmethod
+    def from_pretrained(cls, source, *, revision=None, dtype=None, device=None) -> "SentenceEncoder":
+        """A sentence-transformers folder (or hub id); a plain BERT checkpoint gets mean pooling."""
+        path = resolve_source(source, revision=revision, files=_FOLDER_FILES)
+        folder = path if path.is_dir() else path.parent
+        modules_file = folder / "modules.json"
+        if not modules_file.exists():
+            model = BertModel.from_pretrained(folder, dtype=dtype, device=device, mlm_head=False)
+            return cls(model, BertTokenizer.from_pretrained(folder), source=str(folder))
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+        if not kinds or kinds[0] != "Transformer" or any(k not in ("Transformer", "Pooling", "Normalize") for k in kinds) \
+                or kinds.count("Transformer") != 1 or kinds.count("Pooling") > 1:
+            raise CheckpointError(f"{modules_file}: modules {kinds}; minibert reads Transformer, then Pooling and "
+                                  "Normalize (unsupported: " + ", ".join(sorted({m.get('type', '?') for m, k in zip(modules, kinds)
+                                                                                 if k not in ('Transformer', 'Pooling', 'Normalize')}) or ["the order"]) + ")")
+        base = folder / modules[0].get("path", "")
+        settings = {}
+        if (base / "sentence_bert_config.json").exists():
+            settings = json.loads((base / "sentence_bert_config.json").read_text(encoding="utf-8"))
+        pooling = ["mean"]
+        if "Pooling" in kinds:
+            pooling_dir = folder / modules[kinds.index("Pooling")]["path"]
+            if not (pooling_dir / "config.json").exists():
+                raise CheckpointError(f"{pooling_dir / 'config.json'} is missing (modules.json names a Pooling module)")
+            pooling = read_pooling_config(pooling_dir / "config.json")
+        model = BertModel.from_pretrained(base, dtype=dtype, device=device, mlm_head=False)
+        tokenizer = BertTokenizer.from_pretrained(base)
+        # sentence-transformers >= 5 writes max_seq_length as the tokenizer's model_max_length and
+        # do_lower_case as a Lowercase step in front of tokenizer.json's normaliser; older versions write both
+        # into sentence_bert_config.json
+        lower = settings.get("do_lower_case", False) or _lowercase_first(base / "tokenizer.json")
+        return cls(model, tokenizer, pooling=pooling, normalize="Normalize" in kinds,
+                   max_seq_length=settings.get("max_seq_length"), do_lower_case=lower,
+                   source=str(folder), from_folder=True)
+
+    def settings(self) -> dict:
+        """What ``encode`` does, and where it came from."""
+        return {"source": self.source, "from": "modules.json" if self.from_folder else "defaults (no modules.json)",
+                "max_seq_length": self.max_seq_length, "do_lower_case": self.do_lower_case,
+                "pooling": list(self.pooling), "normalize": self.normalize}
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.model.config.hidden_size * len(self.pooling)
+
+    def tokenize(self, texts: Sequence[str]):
+        """Token ids of each text (``["input_ids"]``, lists), truncated to ``max_seq_length``, lowercased first
+        with ``do_lower_case``; ``.num_truncated_tokens`` says how many tokens each text lost."""
+        if self.do_lower_case:
+            texts = [t.lower() for t in texts]
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length,
+                              return_token_type_ids=False, return_attention_mask=False)
+
+    def encode(self, sentences, batch_size: int = 32, *, max_tokens: int | None = None,
+               show_progress_bar: bool | None = None, convert_to_numpy: bool = True,
+               convert_to_tensor: bool = False, normalize_embeddings: bool = False, device=None):
+        """Vectors of ``sentences`` (a string gives one vector, a list a matrix), as
+        ``SentenceTransformer.encode``. Batches are length-sorted (longest first) and hold ``batch_size``
+        texts, or with ``max_tokens`` as many as fit that many padded tokens (and at most ``batch_size``
+        when both are given); the output keeps the input's order."""
+        single = isinstance(sentences, str)
+        texts = [sentences] if single else list(sentences)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise InputError(f"sentences[{i}] is a {type(t).__name__}, not a string")
+        if device is not None and torch.device(device) != self.model.device:
+            raise InputError(f"device={device!r}: the model is on {self.model.device}; move it with encoder.model.to(...)")
+        ids = self.tokenize(texts)["input_ids"] if texts else []
+        out = self.encode_ids(ids, batch_size=batch_size, max_tokens=max_tokens, progress=bool(show_progress_bar),
+                              normalize=normalize_embeddings)
+        if convert_to_tensor:
+            return out[0] if single else out
+        if convert_to_numpy:
+            array = out.numpy()
+            return array[0] if single else array
+        vectors = list(out)
+        return vectors[0] if single else vectors
+
+    def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int | None = 32, max_tokens: int | None = None,
+                   progress: bool = False, normalize: bool = False) -> torch.Tensor:
+        """Vectors (N, D) float32 of already tokenised texts (``tokenize(texts)["input_ids"]``), in their order."""
+        out = torch.empty(len(ids), self.get_sentence_embedding_dimension(), dtype=torch.float32)
+        if not len(ids):
+            return out
+        from ..analysis.probing import progress_bar
+
+        bar = progress_bar(len(ids), "encode", progress)
+        with torch.inference_mode():
+            for rows in plan_batches([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens):
+                batch = collate(ids, rows, self.tokenizer.pad_token_id, device=self.model.device)
+                hidden = self._fast(**batch).last_hidden_state  # (B, T, H)
+                vectors = torch.cat([pool(hidden, batch["attention_mask"], m) for m in self.pooling], dim=-1)
+                if self.normalize or normalize:
+                    vectors = F.normalize(vectors, p=2, dim=1)
+                out[torch.as_tensor(rows)] = vectors.float().cpu()
+                bar.update(len(rows))
+        bar.close()
+        return out
+
+
+def cosine_search(matrix: np.ndarray, queries: np.ndarray, k: int = 5) -> list[list[tuple[int, float]]]:
+    """The ``k`` rows of ``matrix`` most cosine-similar to each query: [[(row, score), ...], ...], best first."""
+    matrix, queries = np.asarray(matrix, dtype=np.float32), np.atleast_2d(np.asarray(queries, dtype=np.float32))
+    if matrix.ndim != 2 or queries.shape[1] != matrix.shape[1]:
+        raise InputError(f"queries have width {queries.shape[1]}, the matrix {matrix.shape[-1]}: embed them with the same model")
+    if not isinstance(k, int) or k < 1:
+        raise InputError(f"k must be a positive integer, got {k!r}")
+    k = min(k, len(matrix))
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    scores = (queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)) @ (
+        matrix / np.maximum(norms, 1e-12)).T  # (Q, N)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return [[(int(j), float(scores[q, j])) for j in top[q]] for q in range(len(queries))]
+
+
+__all__ = ["SentenceEncoder", "pool", "read_pooling_config", "cosine_search", "POOLING_MODES"]

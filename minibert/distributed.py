@@ -1,0 +1,236 @@
+"""Embedding more text than one machine holds, on Ray Data (optional extra: ``pip install "minibert[ray]"``).
+
+    from minibert.distributed import embed_dataset
+    report = embed_dataset(["shards/part-000.txt", "shards/*.jsonl"], "vectors/", model="weights/all-MiniLM-L6-v2",
+                           workers=4, max_tokens=8192)
+    # vectors/*.parquet: one row per text, columns id (string) and vector (fixed-size list of float32)
+
+    minibert embed --engine ray "shards/*.txt" --out vectors/ --model weights/all-MiniLM-L6-v2 --workers 4
+
+How it runs:
+
+1. **Read.** Text (``.txt``: one text per line) and JSON Lines (``.jsonl``: an object per line with a
+   ``text`` field and, optionally, an ``id`` field) shards are read whole by one Ray task per file, which
+   numbers the lines: a row's id is the JSON ``id`` when there is one, else ``<file name>:<line number>``.
+   Parquet shards are read by Ray's reader and must have the id and text columns. Blank texts get no
+   vector; their ids are reported.
+2. **Embed.** ``map_batches`` with a callable class: an actor pool of ``workers`` actors, each loading
+   the model once (``SentenceEncoder.from_pretrained``: a sentence-transformers folder's settings are
+   followed) and embedding each block of rows with length-sorted, token-budget batches on the fast path.
+   A batch that raises is retried row by row; a row that still fails gets no vector and its id and error
+   are reported (``report.failed``); blank texts too (``report.blank``). An actor that dies is restarted
+   by Ray Data and its task retried (Ray Data's defaults).
+3. **Write.** Parquet files in ``out_dir`` with ``id`` and ``vector``; ``report`` counts rows in and out.
+
+On a cluster: start Ray there (``ray start --head`` on one node, ``ray start --address=HEAD:6379`` on the
+others), put the shards and the model folder where every node can read them (shared storage, or S3 / GCS
+paths that pyarrow reads), and pass ``address="auto"`` (``--address auto``) from a node of the cluster, or
+``address="ray://HEAD:10001"`` from outside. ``workers`` actors are spread over the cluster's CPUs;
+``threads`` is the torch threads of each.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .errors import InputError, MissingExtra
+
+TEXT_SUFFIXES = (".txt", ".text")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+def _ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise MissingExtra("the Ray engine needs Ray Data: pip install 'minibert[ray]'") from None
+    return ray
+
+
+def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
+    """Files from paths, directories (their shards, sorted) and glob patterns; each must be a known shard type."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    files = []
+    for item in items:
+        item = os.fspath(item)
+        if "://" in item:  # s3://, gs://: read by pyarrow on the workers
+            files.append(item)
+            continue
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found = sorted(str(p) for p in path.iterdir() if p.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES)
+        elif any(c in item for c in "*?["):
+            found = sorted(glob.glob(str(path)))
+        else:
+            found = [str(path)] if path.exists() else []
+        if not found:
+            raise InputError(f"input {item!r}: no such file, or no .txt / .jsonl / .parquet shard in it")
+        files += found
+    for f in files:
+        if not f.endswith(TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES):
+            raise InputError(f"input {f!r}: a shard must end in .txt, .jsonl or .parquet")
+    kinds = {_kind(f) for f in files}
+    if "parquet" in kinds and len(kinds) > 1:
+        raise InputError("mix of Parquet and text/JSONL shards: embed them in two runs")
+    if len(set(files)) != len(files):
+        raise InputError("a shard is named twice in the inputs: its rows would be embedded twice")
+    return files
+
+
+def _kind(path: str) -> str:
+    return "parquet" if path.endswith(PARQUET_SUFFIXES) else "jsonl" if path.endswith(JSONL_SUFFIXES) else "text"
+
+
+def shard_rows(path: str, data: bytes, text_field: str = "text", id_field: str = "id") -> list[dict]:
+    """The rows of one text or JSONL shard: ``{"id", "text"}`` per line (blank texts included, text "")."""
+    name = os.path.basename(path)
+    rows = []
+    lines = data.decode("utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the file's final newline
+    for number, line in enumerate(lines, start=1):
+        line = line[:-1] if line.endswith("\r") else line
+        if _kind(path) == "text":
+            rows.append({"id": f"{name}:{number}", "text": line})
+            continue
+        if not line.strip():
+            continue  # an empty JSONL line is no record
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{number}: not JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+            raise InputError(f"{path}:{number}: needs a string field {text_field!r}")
+        rid = record.get(id_field)
+        rows.append({"id": f"{name}:{number}" if rid is None else str(rid), "text": record[text_field]})
+    return rows
+
+
+class _Embedder:
+    """The actor's callable: one model load per actor, then a block of rows at a time."""
+
+    def __init__(self, model: str, threads: int | None, batch_size: int | None, max_tokens: int | None,
+                 fail_on: Sequence[str] = ()):
+        import torch
+
+        from .compat.sentence import SentenceEncoder
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.encoder = SentenceEncoder.from_pretrained(model)
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.fail_on = set(fail_on)  # tests: ids whose rows raise, to exercise the failure path
+
+    def _encode(self, texts, ids):
+        if self.fail_on.intersection(ids):
+            raise RuntimeError(f"injected failure for {sorted(self.fail_on.intersection(ids))}")
+        tokens = self.encoder.tokenize(texts)["input_ids"]
+        return self.encoder.encode_ids(tokens, batch_size=self.batch_size, max_tokens=self.max_tokens).numpy()
+
+    def __call__(self, batch):
+        import numpy as np
+        import pyarrow as pa
+
+        ids, texts = [str(x) for x in batch["id"]], [str(x) for x in batch["text"]]
+        dim = self.encoder.get_sentence_embedding_dimension()
+        vectors = np.zeros((len(ids), dim), dtype=np.float32)
+        status = ["blank" if not t.strip() else "" for t in texts]  # a blank text gets no vector
+        todo = [i for i, s in enumerate(status) if not s]
+        try:
+            if todo:
+                vectors[todo] = self._encode([texts[i] for i in todo], [ids[i] for i in todo])
+        except Exception:  # one bad row must not cost the block: retry row by row, keep the errors
+            for i in todo:
+                try:
+                    vectors[i] = self._encode([texts[i]], [ids[i]])[0]
+                except Exception as e:
+                    status[i] = f"{type(e).__name__}: {e}"
+        flat = pa.array(vectors.reshape(-1), type=pa.float32())
+        return pa.table({"id": pa.array(ids, type=pa.string()),
+                         "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
+                         "status": pa.array(status, type=pa.string())})
+
+
+@dataclass
+class EmbedReport:
+    out_dir: str
+    rows_in: int  # texts read (blank ones included)
+    rows_out: int  # vectors written
+    blank: list[str] = field(default_factory=list)  # ids of blank texts (no vector)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (id, error) of rows that could not be embedded
+    seconds: float = 0.0
+
+    @property
+    def texts_per_second(self) -> float:
+        return self.rows_out / self.seconds if self.seconds else 0.0
+
+
+def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int | None = None,
+                  rows_per_block: int = 1024, batch_size: int | None = None, max_tokens: int | None = 8192,
+                  text_field: str = "text", id_field: str = "id", address: str | None = None,
+                  _fail_on: Sequence[str] = ()) -> EmbedReport:
+    """Embed every text of ``inputs`` (shards: .txt, .jsonl, .parquet; paths, directories or globs) with
+    ``workers`` actors and write Parquet (id, vector) into ``out_dir`` (must be empty or absent).
+    ``address``: a running Ray cluster ("auto", "ray://host:10001"); None starts or joins a local Ray."""
+    import time
+
+    for name, value, low in (("workers", workers, 1), ("rows_per_block", rows_per_block, 1)):
+        if not isinstance(value, int) or value < low:
+            raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+    files = expand_inputs(inputs)
+    out = Path(out_dir).expanduser()
+    if "://" not in str(out_dir) and out.exists() and any(out.iterdir()):
+        raise InputError(f"out_dir {out} is not empty: the Parquet files of another run would mix with these")
+    model_path = Path(model).expanduser()
+    model = str(model_path.resolve()) if model_path.exists() else model  # actors may start elsewhere
+    ray = _ray()
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the report says what happened
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
+                 include_dashboard=False) if address else ray.init(ignore_reinit_error=True, log_to_driver=False,
+                                                                   include_dashboard=False)
+    start = time.perf_counter()
+    if _kind(files[0]) == "parquet":
+        ds = ray.data.read_parquet(files, columns=[id_field, text_field])
+        ds = ds.rename_columns({id_field: "id", text_field: "text"}) if (id_field, text_field) != ("id", "text") else ds
+    else:
+        ds = ray.data.read_binary_files(files, include_paths=True).flat_map(
+            lambda row: shard_rows(row["path"], row["bytes"], text_field, id_field))
+    ds = ds.materialize()  # read once, before the actors take the CPUs (nothing upstream of them is left to run)
+    rows_in = ds.count()
+    vectors = ds.map_batches(
+        _Embedder, fn_constructor_kwargs=dict(model=model, threads=threads, batch_size=batch_size,
+                                              max_tokens=max_tokens, fail_on=list(_fail_on)),
+        batch_size=rows_per_block, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=workers),
+        num_cpus=threads or 1).materialize()  # Ray Data restarts a dead actor and retries its task by default
+    from ray.data.expressions import col
+
+    status = vectors.select_columns(["id", "status"]).filter(expr=col("status") != "").take_all()
+    blank = [r["id"] for r in status if r["status"] == "blank"]
+    failed = [(r["id"], r["status"]) for r in status if r["status"] != "blank"]
+    good = (vectors.filter(expr=col("status") == "") if status else vectors).drop_columns(["status"])
+    good.write_parquet(str(out_dir))
+    rows_out = good.count()
+    seconds = time.perf_counter() - start
+    return EmbedReport(out_dir=str(out_dir), rows_in=rows_in, rows_out=rows_out, blank=blank, failed=failed,
+                       seconds=seconds)
+
+
+def read_vectors(out_dir) -> tuple[list[str], "object"]:
+    """(ids, (N, D) float32 matrix) of a finished run's Parquet files, in file order."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(str(out_dir))
+    ids = [str(x) for x in table.column("id").to_pylist()]
+    vectors = table.column("vector").combine_chunks()  # list<float> (fixed-size when written so)
+    flat = np.asarray(vectors.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+    return ids, flat.reshape(len(ids), -1) if ids else flat.reshape(0, 0)

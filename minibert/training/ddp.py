@@ -1,0 +1,108 @@
+"""Data-parallel fine-tuning: ``torchrun`` starts N processes, each trains a replica on its share of every batch.
+
+    torchrun --standalone --nproc_per_node 2 -m minibert finetune train.csv test.csv --model M --out DIR --batch-size 16
+
+is ``minibert finetune ... --batch-size 32`` in one process, split over two: every process builds the
+same global batch of ``batch_size x N`` rows (same seed), keeps its own contiguous slice of the rows, and
+PyTorch's DistributedDataParallel averages the gradients (gloo on CPU, NCCL on CUDA) before each
+optimiser step, so every replica takes the same step -- the step one process takes on the whole batch
+(``tests/test_ddp.py`` holds the weights equal to 1e-5). Each replica's loss is rescaled by its share of
+the batch's examples (tagging: of its labelled tokens), so uneven slices average exactly too.
+
+Dropout draws differ between one process and N (each draws for its own rows), so the two runs agree
+exactly with dropout off and in distribution with it on. Process 0 evaluates, writes the checkpoint and
+prints; the others only train. Gradual unfreezing changes what trains mid-run, which DDP does not allow:
+it is refused. On several machines: ``torchrun --nnodes 2 --node_rank R --master_addr HOST ...``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from ..errors import InputError
+
+
+def world_size() -> int:
+    """Processes in this torchrun job (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_distributed() -> bool:
+    return world_size() > 1
+
+
+def init(backend: str | None = None) -> tuple[int, int]:
+    """Join the torchrun job (once): (rank, world size). gloo on CPU, nccl when CUDA is there."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def finish() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _share(batch: dict, rank: int, world: int) -> tuple[dict, float]:
+    """This rank's contiguous slice of a global batch, and the factor that turns its mean loss into its
+    share of the global mean: (its examples / all examples) x world."""
+    rows = len(batch["input_ids"])
+    bounds = [rows * r // world for r in range(world + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    local = {k: v[lo:hi] if isinstance(v, torch.Tensor) and len(v) == rows else v for k, v in batch.items()}
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and labels.dim() > 1:  # token labels: the loss is a mean over labelled tokens
+        total, mine = int((labels != -100).sum()), int((labels[lo:hi] != -100).sum())
+    else:
+        total, mine = rows, hi - lo
+    return local, (mine / total * world) if total else 0.0
+
+
+class Replica(nn.Module):
+    """A model wrapped for ``fit`` under torchrun: forward takes the global batch, runs this rank's slice
+    through DistributedDataParallel and returns the rescaled loss. Parameter names, ``config`` and
+    ``save_pretrained`` are the model's own, so optimiser groups and checkpoints are as in one process."""
+
+    def __init__(self, model: nn.Module, rank: int, world: int):
+        super().__init__()
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.inner, self.rank, self.world = model, rank, world
+        self.config = getattr(model, "config", None)
+        # find_unused_parameters: LayerDrop skips blocks and a tagger never uses the pooler
+        self.ddp = DistributedDataParallel(model, find_unused_parameters=True)
+
+    def forward(self, **batch):
+        local, factor = _share(batch, self.rank, self.world)
+        out = self.ddp(**local)
+        out.loss = out.loss * factor
+        return out
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self.inner.named_parameters(prefix, recurse, remove_duplicate)
+
+    def save_pretrained(self, directory) -> None:
+        self.inner.save_pretrained(directory)
+
+
+def wrap_for_fit(model: nn.Module, *, evaluate=None, save=None, out_dir=None, log=None, recipe: str = "full"):
+    """(replica, evaluate, save, out_dir, log) for ``fit`` on this rank: only rank 0 evaluates, saves and
+    logs. Call inside torchrun (``init`` is called here)."""
+    if recipe == "gradual":
+        raise InputError("the gradual recipe unfreezes blocks during training, which DistributedDataParallel "
+                         "does not allow; use it in one process")
+    rank, world = init()
+    replica = Replica(model, rank, world)
+    if rank != 0:
+        return replica, None, None, None, None
+    wrapped_eval = (lambda m: evaluate(m.inner)) if evaluate is not None else None
+    wrapped_save = (lambda m, directory: save(m.inner, directory)) if save is not None else None
+    return replica, wrapped_eval, wrapped_save, out_dir, log

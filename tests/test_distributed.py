@@ -1,0 +1,83 @@
+"""Issue 15, part 3: `minibert embed` on Ray Data (a local Ray, 2 CPUs): the vectors of the single-process
+encoder, every id once, failures reported by id. Skipped where Ray is not installed (the test extra has it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+
+from minibert import InputError  # noqa: E402
+from minibert.compat import SentenceEncoder  # noqa: E402
+from minibert.distributed import embed_dataset, expand_inputs, read_vectors, shard_rows  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, sentences_dir):
+    directory = tmp_path_factory.mktemp("shards")
+    lines = (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n")[:70]
+    (directory / "a.txt").write_text("\n".join(lines[:30]) + "\n\n" + "word " * 300 + "\n", encoding="utf-8")
+    (directory / "b.txt").write_text("\n".join(lines[30:55]) + "\n", encoding="utf-8")
+    (directory / "c.jsonl").write_text("".join(json.dumps({"id": f"doc{i}", "text": t}) + "\n"
+                                               for i, t in enumerate(lines[55:65])) +
+                                       json.dumps({"text": lines[65]}) + "\n", encoding="utf-8")
+    texts = {}
+    for name in ("a.txt", "b.txt"):
+        for number, line in enumerate((directory / name).read_text(encoding="utf-8").split("\n")[:-1], start=1):
+            texts[f"{name}:{number}"] = line
+    texts.update({f"doc{i}": t for i, t in enumerate(lines[55:65])})
+    texts["c.jsonl:11"] = lines[65]
+    return directory, texts
+
+
+def test_shard_reading_and_inputs(tmp_path):
+    rows = shard_rows("x/s.jsonl", b'{"id": 7, "text": "a"}\n\n{"text": "b"}\r\n')
+    assert rows == [{"id": "7", "text": "a"}, {"id": "s.jsonl:3", "text": "b"}]
+    assert shard_rows("s.txt", b"one\r\n\ntwo") == [{"id": "s.txt:1", "text": "one"}, {"id": "s.txt:2", "text": ""},
+                                                   {"id": "s.txt:3", "text": "two"}]
+    with pytest.raises(InputError, match=r"s.jsonl:1: needs a string field 'text'"):
+        shard_rows("s.jsonl", b'{"body": "a"}\n')
+    with pytest.raises(InputError, match="no such file"):
+        expand_inputs([str(tmp_path / "missing.txt")])
+    (tmp_path / "a.txt").write_text("x\n")
+    with pytest.raises(InputError, match="named twice"):
+        expand_inputs([str(tmp_path / "a.txt"), str(tmp_path / "*.txt")])
+
+
+def test_ray_vectors_equal_the_single_process_encoder(local_ray, shards, minilm_dir, tmp_path):
+    directory, texts = shards
+    report = embed_dataset([str(directory)], tmp_path / "out", model=str(minilm_dir), workers=2, rows_per_block=16,
+                           max_tokens=2048, _fail_on=["b.txt:3"])
+    assert report.rows_in == len(texts) and report.blank == ["a.txt:31"]
+    assert [rid for rid, _ in report.failed] == ["b.txt:3"] and "injected failure" in report.failed[0][1]
+    ids, vectors = read_vectors(tmp_path / "out")
+    expected = sorted(set(texts) - {"a.txt:31", "b.txt:3"})
+    assert sorted(ids) == expected and len(ids) == len(set(ids)) == report.rows_out  # no row lost or duplicated
+    want = SentenceEncoder.from_pretrained(minilm_dir).encode([texts[i] for i in ids])
+    assert vectors.shape == want.shape and np.abs(vectors - want).max() <= 1e-6
+    with pytest.raises(InputError, match="not empty"):
+        embed_dataset([str(directory)], tmp_path / "out", model=str(minilm_dir))
+
+
+def test_embed_cli_ray_engine(local_ray, shards, minilm_dir, tmp_path):
+    directory, texts = shards
+    r = subprocess.run([sys.executable, "-m", "minibert", "embed", str(directory / "b.txt"), str(directory / "c.jsonl"),
+                        "--engine", "ray", "--workers", "1", "--out", str(tmp_path / "v"), "--model", str(minilm_dir)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "wrote" in r.stdout and "36 vectors of 36 texts" in r.stdout
+    ids, _ = read_vectors(tmp_path / "v")
+    assert sorted(ids) == sorted(k for k in texts if k.startswith(("b.txt", "doc", "c.jsonl")))
