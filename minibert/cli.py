@@ -5,7 +5,7 @@
     minibert probe data.conllu [--model M] [--column upos] [--plot out.png]
     minibert embed texts.txt --layers -4: --pool mean --out vectors.npy
     minibert inspect [--model M] [--batch 8] [--lengths 128,512]
-    minibert parity --model M [--against B] [--dtype fp32|bf16|fp16] [--texts FILE] [--json out.json] [--atol X]
+    minibert parity --model M [--against B] [--dtype fp32|bf16|fp16|int8] [--texts FILE] [--json out.json] [--atol X]
     minibert fill "The capital of France is [MASK]." [--model M] [--top-k 5] [--lens] [--plot lens.png]
     minibert finetune --train train.csv --eval test.csv --model M --out DIR [--task classify|regress|tag] ...
     minibert predict DIR texts.txt
@@ -723,7 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("parity", help="per-layer differences: minibert vs transformers, or two checkpoints")
     p.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     p.add_argument("--against", help="a second checkpoint (run by minibert) instead of transformers")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
+                   help="int8: the model quantised on load (dtype='int8') against its own fp32 weights, layer by "
+                        "layer, and the cosine of their sentence vectors (needs >= 0.99)")
     p.add_argument("--texts", help="a text file, one input per line (default: a built-in varied set)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     p.add_argument("--atol", type=float, help="tolerance (default 1e-5 fp32, 5e-3 fp16, 5e-2 bf16)")

@@ -306,9 +306,13 @@ def load_task_model(cls, source, *, revision=None, dtype=None, device=None):
 
 
 def _take(model, state, dtype, device, path, skipped):
-    """Give a meta-device model the checkpoint's tensors (converted when a dtype or device is asked)."""
-    dtype = parse_dtype(dtype)
-    if dtype is not None:
+    """Give a meta-device model the checkpoint's tensors (converted when a dtype or device is asked).
+    ``dtype="int8"``: fp32 weights, then the blocks' linear layers quantised (``minibert.quantize``)."""
+    int8 = isinstance(dtype, str) and dtype.lower() == "int8"
+    if int8 and device is not None and torch.device(device).type != "cpu":
+        raise InputError(f"dtype='int8' (dynamic quantisation) runs on the CPU, not on device={device!r}")
+    dtype = torch.float32 if int8 else parse_dtype(dtype)
+    if dtype is not None and not int8:
         from .hardware import warn_if_slow
 
         warn_if_slow(dtype, device, stacklevel=4)  # points at the caller of from_pretrained
@@ -319,6 +323,10 @@ def _take(model, state, dtype, device, path, skipped):
     model.eval()  # like transformers: a loaded model starts in inference mode (dropout off)
     model.source = str(path)
     model.skipped_tensors = skipped  # what the checkpoint held beyond the model, e.g. cls.* heads
+    if int8:
+        from .quantize import quantize_linears
+
+        quantize_linears(model)
     return model
 
 
@@ -329,6 +337,9 @@ def save_model(model, directory) -> None:
     (``bert.*`` and ``classifier.*`` / ``qa_outputs.*``) for the classes of heads.py."""
     from safetensors.torch import save_file
 
+    if getattr(model, "quantized", None) or getattr(getattr(model, "bert", None), "quantized", None):
+        raise InputError("this model is int8-quantised, which is for inference only: save the fp32 model and "
+                         "load it with dtype='int8'")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     params = dict(model.named_parameters())

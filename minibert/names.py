@@ -55,5 +55,6 @@ def parse_dtype(dtype):
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPE_NAMES:
-        raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(DTYPE_NAMES)} or a torch.dtype")
+        raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(DTYPE_NAMES)}, a torch.dtype, or "
+                         "'int8' (from_pretrained: dynamic quantisation of the linear layers)")
     return getattr(torch, DTYPE_NAMES[dtype])

@@ -336,3 +336,15 @@ def test_torchrun_two_processes_equal_one_with_the_doubled_batch(tmp_path, minil
         from minibert.training import ddp
 
         ddp.wrap_for_fit(nn.Linear(1, 1), recipe="gradual")
+
+
+def test_probing_features_with_a_token_budget_equal_fixed_batches(minilm_dir):
+    from minibert import BertModel
+    from minibert.analysis.probing import extract_word_features
+
+    model, tok = BertModel.from_pretrained(minilm_dir), BertTokenizer.from_pretrained(minilm_dir)
+    sentences = [["The", "bank", "approved", "it", "."], ["Hi"], ["A", "much", "longer", "sentence", "about", "rivers",
+                                                                     "and", "their", "muddy", "banks", "."]] * 3
+    fixed, index = extract_word_features(model, tok, sentences, batch_size=4, progress=False)
+    budget, index2 = extract_word_features(model, tok, sentences, batch_size=None, max_tokens=40, progress=False)
+    assert index == index2 and torch.allclose(fixed, budget, atol=1e-5)

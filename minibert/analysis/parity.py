@@ -41,7 +41,9 @@ DEFAULT_PAIRS = [
     ("He went to the store to buy milk and eggs for breakfast.", "The store was closed."),
     ("Short.", "A somewhat longer second segment with several more tokens in it, to pad the first."),
 ]
-DEFAULT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-3}
+DEFAULT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-3, "int8": 2.0}
+#: int8 is judged by what its users compare, the sentence vectors: mean-pooled last layer, cosine to fp32's
+MIN_COSINE = {"int8": 0.99}
 
 
 @dataclass
@@ -64,6 +66,10 @@ class ParityReport:
     atol: float
     rows: list[Row] = field(default_factory=list)
     inputs: int = 0
+    # cosine of the two models' sentence vectors (mean of the last hidden state over real tokens), per input
+    cosine_min: float | None = None
+    cosine_mean: float | None = None
+    min_cosine: float | None = None  # when set, cosine_min below it fails the report
 
     @property
     def first_divergent(self) -> str | None:
@@ -74,7 +80,8 @@ class ParityReport:
 
     @property
     def ok(self) -> bool:
-        return self.first_divergent is None
+        cosine_ok = self.min_cosine is None or (self.cosine_min is not None and self.cosine_min >= self.min_cosine)
+        return self.first_divergent is None and cosine_ok
 
     def table(self) -> str:
         lines = [f"parity: {self.a}  vs  {self.b}  ({self.dtype}, {self.inputs} inputs, atol {self.atol:g}; "
@@ -91,8 +98,13 @@ class ParityReport:
             lines.append(f"{row.layer:<12}{fmt(row.hidden_max):>12}{fmt(row.hidden_mean):>13}"
                          f"{fmt(row.attention_max):>11}{fmt(row.attention_mean):>11}{mark}")
         worst = max((r.worst() for r in self.rows), default=0.0)
+        if self.cosine_min is not None:
+            lines.append(f"sentence vectors (mean of the last layer): cosine min {self.cosine_min:.4f}, mean "
+                         f"{self.cosine_mean:.4f}" + (f" (needs >= {self.min_cosine:g})" if self.min_cosine else ""))
         lines.append(f"result: {'PASS' if self.ok else 'FAIL'} -- largest difference {worst:.2e}"
-                     + (f"; first layer over {self.atol:g}: {first}" if first else ""))
+                     + (f"; first layer over {self.atol:g}: {first}" if first else "")
+                     + ("; sentence cosine too low" if self.min_cosine and not (self.cosine_min or 0) >= self.min_cosine
+                        else ""))
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -115,6 +127,14 @@ def minibert_runner(model) -> Runner:
     def run(batch):
         out = model(**batch, output_attentions=True)
         return out.hidden_states, out.attentions, out.pooler_output
+    return run
+
+
+def fast_runner(fast_model) -> Runner:
+    """The fast path (no attention maps): hidden states and pooler."""
+    def run(batch):
+        out = fast_model(**batch)
+        return out.hidden_states, None, out.pooler_output
     return run
 
 
@@ -173,6 +193,7 @@ def compare(run_a: Runner, run_b: Runner, batches: list[dict], *, atol: float, n
     """Run both on every batch and collect per-layer differences over real tokens."""
     stats: dict[str, dict[str, list[float]]] = {}  # layer -> kind -> [max, sum, count], running
     count = 0
+    cosines = []
 
     def add(layer, kind, diff):  # diff: 1-D tensor of absolute differences
         entry = stats.setdefault(layer, {}).setdefault(kind, [0.0, 0.0, 0])
@@ -201,8 +222,14 @@ def compare(run_a: Runner, run_b: Runner, batches: list[dict], *, atol: float, n
                     add(layer, "attention", (p.float() - q.float()).masked_select(pair).abs())
             if pa is not None and pb is not None:
                 add("pooler", "hidden", (pa.float() - pb.float()).abs().flatten())
+            w = valid[..., None].float()  # (B, T, 1)
+            va, vb = ((h[-1].float() * w).sum(1) / w.sum(1).clamp(min=1) for h in (ha, hb))  # (B, H)
+            cosines.append(torch.nn.functional.cosine_similarity(va.double(), vb.double(), dim=-1))
 
-    report = ParityReport(a=name_a, b=name_b, dtype=dtype, atol=atol, inputs=count)
+    every = torch.cat(cosines) if cosines else torch.ones(0)
+    report = ParityReport(a=name_a, b=name_b, dtype=dtype, atol=atol, inputs=count,
+                          cosine_min=float(every.min()) if every.numel() else None,
+                          cosine_mean=float(every.mean()) if every.numel() else None, min_cosine=MIN_COSINE.get(dtype))
     for layer, kinds in stats.items():  # insertion order: embeddings, block 0, ..., pooler
         h, a = kinds["hidden"], kinds.get("attention")
         report.rows.append(Row(layer, h[0], h[1] / max(h[2], 1),
@@ -224,10 +251,18 @@ def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", t
 
     if dtype not in DEFAULT_ATOL:
         raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(DEFAULT_ATOL)}")
-    torch_dtype = parse_dtype(dtype)
     atol = DEFAULT_ATOL[dtype] if atol is None else float(atol)
     tokenizer = BertTokenizer.from_pretrained(tokenizer_source or model)
     batches = make_batches(tokenizer, texts=texts) if texts is not None else make_batches(tokenizer)
+    if dtype == "int8":  # int8 against fp32, both through minibert's fast path (what an int8 user runs)
+        if against is not None:
+            raise InputError("--dtype int8 compares the int8 model with its own fp32 weights; leave out --against")
+        from ..tools import fast
+
+        reference, quantised = BertModel.from_pretrained(model), BertModel.from_pretrained(model, dtype="int8")
+        return compare(fast_runner(fast.prepare(quantised)), fast_runner(fast.prepare(reference)), batches, atol=atol,
+                       name_a=f"minibert int8 {model}", name_b=f"minibert fp32 {model}", dtype=dtype)
+    torch_dtype = parse_dtype(dtype)
     ours = BertModel.from_pretrained(model, dtype=torch_dtype)
     if against is None:
         reference = load_transformers(model, torch_dtype)

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import InputError, MissingExtra
 from ..tools import fast
+from ..tools.batching import collate, plan_batches
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -110,35 +111,38 @@ def word_spans(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
 
 
 def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool: str = "first",
-                          batch_size: int = 16, progress: bool = True):
+                          batch_size: int | None = 16, progress: bool = True, max_tokens: int | None = None):
     """Features of every word at every layer: a float32 tensor (L + 1, n_words, H) and a list with one
     (sentence index, word index) per row. Words that yield no sub-word (e.g. only control characters),
     or that fall past the 512-token limit, are left out and not listed."""
     texts, spans = zip(*(word_spans(words) for words in sentences)) if sentences else ((), ())
     return extract_span_features(model, tokenizer, list(texts), list(spans), pool=pool, batch_size=batch_size,
-                                 progress=progress)
+                                 progress=progress, max_tokens=max_tokens)
 
 
 def extract_span_features(model, tokenizer, texts: list[str], spans: list[list[tuple[int, int]]], *,
-                          pool: str = "first", batch_size: int = 16, progress: bool = True, max_length=None):
+                          pool: str = "first", batch_size: int | None = 16, progress: bool = True, max_length=None,
+                          max_tokens: int | None = None):
     """Features of character spans (words, or any stretch of a text) at every layer: (L + 1, n, H) float32
     and (text index, span index) per row, in text order. A span's vector is its first sub-word's
-    (``pool="first"``) or the mean of its sub-words'; spans without a sub-word are left out."""
+    (``pool="first"``) or the mean of its sub-words'; spans without a sub-word are left out. Batches are
+    length-sorted and hold ``batch_size`` texts, or up to ``max_tokens`` padded tokens (``tools.batching``)."""
     if pool not in ("first", "mean"):
         raise InputError(f"pool {pool!r}; use 'first' or 'mean'")
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # length-sorted batches
+    encoded = tokenizer(list(texts), truncation=True, max_length=max_length, return_offsets_mapping=True,
+                        return_token_type_ids=False, return_attention_mask=False)
+    token_ids, all_offsets = encoded["input_ids"], encoded["offset_mapping"]
+    plan = plan_batches([len(x) for x in token_ids], batch_size=batch_size, max_tokens=max_tokens)
     chunks, index = [], []
     bar = progress_bar(len(texts), "features", progress)
     run = fast.prepare(model)
     with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            ids = order[start:start + batch_size]
-            batch = tokenizer([texts[i] for i in ids], padding=True, truncation=True, max_length=max_length,
-                              return_offsets_mapping=True, return_tensors="pt")
-            offsets = batch.pop("offset_mapping")
+        for ids in plan:
+            batch = collate(token_ids, ids, tokenizer.vocab[tokenizer.pad_token], device=model.device)
             hidden = torch.stack(run(**batch).hidden_states).float()  # (L + 1, B, T, H)
             for row, text_id in enumerate(ids):
-                pieces = assign_pieces(offsets[row], batch["attention_mask"][row], spans[text_id])
+                n = len(token_ids[text_id])
+                pieces = assign_pieces(torch.tensor(all_offsets[text_id]), torch.ones(n), spans[text_id])
                 for w, positions in enumerate(pieces):
                     if not positions:
                         continue

@@ -38,6 +38,7 @@ from ..errors import InputError
 from ..hardware import warn_if_slow
 from ..inputs import check_blocks, check_inputs
 from ..model import BertModel, BertOutput
+from ..quantize import Int8Linear, PackedInt8, concat_rows
 from .hooks import has_hooks
 
 _MKLDNN = (hasattr(torch.ops, "mkldnn") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -60,8 +61,9 @@ class _Linear:
                 self.packed = None
         self.weight = weight.detach()
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (N, in). ``out``: an (N, out) buffer to write into (plain path only), see ``_Workspace``."""
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, splits=None) -> torch.Tensor:
+        """x: (N, in). ``out``: an (N, out) buffer to write into (plain path only), see ``_Workspace``.
+        ``splits`` (tokens per sequence) matters to int8 layers only."""
         if self.packed is not None:
             if self.gelu is None:
                 return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -85,25 +87,49 @@ class _Workspace(dict):
         return buf
 
 
+class _Int8Linear:
+    """An int8 model's linear layer (``minibert.quantize``) with _Linear's calling convention; ``out`` is
+    not used (the quantised kernel allocates its result)."""
+
+    def __init__(self, kernel: PackedInt8, gelu: str | None = None):
+        self.kernel, self.gelu, self.packed = kernel, gelu, None
+        self.weight = kernel.qweight  # (out, in): for shapes only
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, splits=None) -> torch.Tensor:
+        # activations are quantised per sequence, over its real tokens: a row's result never depends on the
+        # other rows of the batch or on padding (one scale for the whole packed batch would)
+        parts = [self.kernel(chunk) for chunk in x.split(splits)] if splits is not None else [self.kernel(x)]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return torch.ops.aten.gelu_(y, approximate=self.gelu) if self.gelu is not None else y
+
+
 class _FastBlock:
     def __init__(self, block, hidden_act: str, prepack_fp32: bool):
         a, f = block.attn, block.ffn
         self.heads, self.d = a.num_heads, a.head_size
-        self.qkv = _Linear(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
-                           torch.cat([a.query.bias, a.key.bias, a.value.bias]), prepack_fp32=prepack_fp32)  # (3H, H)
-        self.out = _Linear(a.output.weight, a.output.bias, prepack_fp32=prepack_fp32)
-        self.attn_norm = block.attn_norm
         gelu = GELU_APPROXIMATE.get(hidden_act)
-        self.ffn_in = _Linear(f.dense_in.weight, f.dense_in.bias, gelu=gelu, prepack_fp32=prepack_fp32)
+        if isinstance(a.query, Int8Linear):  # an int8 model: its own quantised weights, Q, K, V fused by rows
+            self.qkv = _Int8Linear(PackedInt8(concat_rows([a.query.qweight, a.key.qweight, a.value.qweight]),
+                                              torch.cat([a.query.bias, a.key.bias, a.value.bias])))
+            self.out = _Int8Linear(a.output.kernel())
+            self.ffn_in = _Int8Linear(f.dense_in.kernel(), gelu=gelu)
+            self.ffn_out = _Int8Linear(f.dense_out.kernel())
+        else:
+            self.qkv = _Linear(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
+                               torch.cat([a.query.bias, a.key.bias, a.value.bias]), prepack_fp32=prepack_fp32)  # (3H, H)
+            self.out = _Linear(a.output.weight, a.output.bias, prepack_fp32=prepack_fp32)
+            self.ffn_in = _Linear(f.dense_in.weight, f.dense_in.bias, gelu=gelu, prepack_fp32=prepack_fp32)
+            self.ffn_out = _Linear(f.dense_out.weight, f.dense_out.bias, prepack_fp32=prepack_fp32)
+        self.attn_norm = block.attn_norm
         self.act = None if gelu is not None else f.act  # applied separately when not fusable
-        self.ffn_out = _Linear(f.dense_out.weight, f.dense_out.bias, prepack_fp32=prepack_fp32)
         self.ffn_norm = block.ffn_norm
 
     def __call__(self, x: torch.Tensor, lengths: list[int] | None, B: int, T: int, ws: "_Workspace") -> torch.Tensor:
         """x: (N, H) packed real tokens. lengths: tokens per sequence (None = dense (B, T))."""
         h, d = self.heads, self.d
         N = x.shape[0]
-        qkv = self.qkv(x, out=ws.get("qkv", (N, 3 * h * d), x))  # (N, 3H)
+        splits = lengths if lengths is not None else [T] * B  # tokens per sequence (int8 scales)
+        qkv = self.qkv(x, out=ws.get("qkv", (N, 3 * h * d), x), splits=splits)  # (N, 3H)
         if lengths is None:  # dense batch: one attention call for all
             q, k, v = qkv.view(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # each (B, h, T, d)
             ctx = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)  # (B, h, T, d)
@@ -114,11 +140,11 @@ class _FastBlock:
                 q, k, v = chunk.view(1, -1, 3, h, d).permute(2, 0, 3, 1, 4)  # each (1, h, L, d)
                 parts.append(F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)[0].transpose(0, 1))
             ctx = torch.cat(parts).reshape(-1, h * d)  # (N, H)
-        x = self.attn_norm(self.out(ctx).add_(x))  # residual, then LayerNorm
-        inner = self.ffn_in(x, out=ws.get("inner", (N, self.ffn_in.weight.shape[0]), x))  # (N, F), GELU fused
+        x = self.attn_norm(self.out(ctx, splits=splits).add_(x))  # residual, then LayerNorm
+        inner = self.ffn_in(x, out=ws.get("inner", (N, self.ffn_in.weight.shape[0]), x), splits=splits)  # (N, F)
         if self.act is not None:
             inner = self.act(inner)
-        return self.ffn_norm(self.ffn_out(inner).add_(x))
+        return self.ffn_norm(self.ffn_out(inner, splits=splits).add_(x))
 
 
 class _Packed:
@@ -147,6 +173,9 @@ class _Packed:
     def nbytes(self) -> int:
         total = 0
         for block in self.blocks:
+            if isinstance(block.qkv, _Int8Linear):  # only the fused QKV is a copy (int8)
+                total += block.qkv.weight.numel()
+                continue
             for linear in (block.qkv, block.out, block.ffn_in, block.ffn_out):
                 size = linear.weight.numel() * linear.weight.element_size()
                 total += size * (linear.packed is not None) + size * (linear is block.qkv)

@@ -45,6 +45,7 @@ from ..inputs import check_index
 from ..model import BertModel
 from ..tokenizer import BertTokenizer
 from ..tools import fast
+from ..tools.batching import collate, plan_batches
 from ..tools.surgery import keep_blocks
 from . import metrics
 from .data import _epoch_rows, classification_batches, tag_words, tagging_batches
@@ -295,19 +296,17 @@ def text_batches(tokenizer, texts: Sequence[str], *, batch_size: int = 32, max_l
 def embed(model: BertModel, tokenizer, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = False,
           batch_size: int = 64, max_length: int | None = 128) -> torch.Tensor:
     """Pooled sentence vectors (len(texts), H) on the fast path, batched in length order."""
-    run = fast.prepare(encoder_of(model))
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out = [None] * len(texts)
+    encoder = encoder_of(model)
+    run = fast.prepare(encoder)
+    ids = tokenizer(list(texts), truncation=True, max_length=max_length, return_token_type_ids=False,
+                    return_attention_mask=False)["input_ids"]
+    out = torch.empty(len(texts), encoder.config.hidden_size)
     with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
-                              return_tensors="pt")
+        for rows in plan_batches([len(x) for x in ids], batch_size=batch_size):
+            batch = collate(ids, rows, tokenizer.vocab[tokenizer.pad_token], device=encoder.device)
             vectors = pool(run(**batch).last_hidden_state, batch["attention_mask"], pooling).float()
-            vectors = F.normalize(vectors, dim=-1) if normalize else vectors
-            for i, v in zip(rows, vectors):
-                out[i] = v
-    return torch.stack(out)
+            out[torch.as_tensor(rows)] = (F.normalize(vectors, dim=-1) if normalize else vectors).cpu()
+    return out
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
