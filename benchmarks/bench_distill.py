@@ -280,7 +280,9 @@ def main():
     args.epochs = 1 if args.quick else 3
     args.embedding_epochs = 1 if args.quick else 3
     args.p = 0.2
-    args.embedding_runs = [("MSE on unit vectors, lr 2e-4", {"normalize": True, "lr": 2e-4})]
+    # lr 5e-4 beat 2e-4 (0.778 vs 0.769 after 1 epoch on 3,000 sentences); an added cosine-matrix term
+    # (similarity_weight 1: 0.655) or hidden-state term (hidden_weight 1: 0.538) did worse there
+    args.embedding_runs = [("MSE on unit vectors, lr 5e-4", {"normalize": True, "lr": 5e-4})]
     trec = fetch_trec()
     args.train = trec / "train.csv"
     if args.quick:

@@ -331,8 +331,12 @@ def cmd_search(args) -> int:
     keep = [i for i, t in enumerate(lines) if t.strip()]
     if not keep:
         raise InputError(f"{args.corpus} has no non-blank line to search")
-    encoder = SentenceEncoder.from_pretrained(args.model)
     index = Path(args.index).expanduser() if args.index else None
+    if index is not None and index.suffix != ".npy":
+        index = index.with_name(index.name + ".npy")  # as np.save names it
+    if index is not None and not index.exists():
+        index = _output_file(str(index), ".npy", "--index")  # checked before any work
+    encoder = SentenceEncoder.from_pretrained(args.model)
     matrix = None
     if index is not None and index.exists():
         matrix = np.load(index)
@@ -344,7 +348,7 @@ def cmd_search(args) -> int:
         matrix = np.zeros((len(lines), encoder.get_sentence_embedding_dimension()), dtype=np.float32)
         matrix[keep] = encoder.encode([lines[i] for i in keep], show_progress_bar=not args.quiet)
         if index is not None:
-            np.save(_output_file(str(index), ".npy", "--index"), matrix)
+            np.save(index, matrix)
             print(f"minibert: saved the index to {index} (reused while the corpus keeps {len(lines)} lines)",
                   file=sys.stderr)
     queries = encoder.encode(args.queries)
@@ -475,7 +479,7 @@ def cmd_distill(args) -> int:
     if args.train is not None and args.eval is None:
         raise InputError("task distillation needs --eval (held-out data in the --train format)")
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
-    lr = args.lr if args.lr is not None else (2e-4 if args.texts else 5e-5)
+    lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
     if lr <= 0:
         raise InputError(f"--lr must be > 0, got {lr}")
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
@@ -789,7 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-weight", type=float, default=0.0, help="weight of the attention KL (default 0)")
     p.add_argument("--layer-map", help="student:teacher hidden states, e.g. 1:2,2:4,3:6 (default uniform)")
     p.add_argument("--epochs", type=_positive_int, default=3)
-    p.add_argument("--lr", type=float, help="learning rate (default 2e-4 embeddings, 5e-5 task)")
+    p.add_argument("--lr", type=float, help="learning rate (default 5e-4 embeddings, 5e-5 task)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)

@@ -15,6 +15,9 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
 4. **inference_mode**, in-place residual adds and GELU, PyTorch's fused attention kernel, and the two
    big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``_Workspace``).
 
+An int8 model (``dtype="int8"``, ``minibert.quantize``) runs its own quantised weights here, Q, K and V
+fused by rows, with activations quantised per sequence over its real tokens.
+
 The embeddings, LayerNorms, activation and pooler are the model's own modules. The fused/packed weight
 copies live in a cache beside the model, never inside it (copying, pickling and saving a model never see
 them), keyed weakly (freed with the model), checked for staleness on each call against the parameters

@@ -342,7 +342,7 @@ def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Te
 def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts: Sequence[str], *,
                        eval_texts: Sequence[str] | None = None, pooling: str = "mean", normalize: bool = False,
                        similarity_weight: float = 0.0, hidden_weight: float = 0.0, attention_weight: float = 0.0,
-                       layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=2e-4),
+                       layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=5e-4),
                        batch_size: int = 32, max_length: int | None = 128, out_dir=None,
                        log: Callable[[str], None] | None = None) -> History:
     """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
@@ -387,7 +387,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                    student_blocks=None, pooling: str = "mean", normalize: bool = False,
                    similarity_weight: float = 0.0, hidden_weight: float = 0.0,
                    attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
-                   config: FitConfig = FitConfig(epochs=3, lr=2e-4), batch_size: int = 32,
+                   config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
                    max_length: int | None = 128, log: Callable[[str], None] | None = None) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
     every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, measure the agreement
