@@ -303,9 +303,12 @@ def cmd_embed(args) -> int:
 def _embed_on_ray(args) -> int:
     from .distributed import embed_dataset
 
-    for name in ("layers", "pool", "combine"):
+    for name in ("layers", "pool", "combine", "max_length"):
         if getattr(args, name) is not None:
-            raise InputError(f"--{name}: the Ray engine follows the model folder's settings (SentenceEncoder)")
+            raise InputError(f"--{name.replace('_', '-')}: the Ray engine follows the model folder's settings "
+                             "(SentenceEncoder: its pooling and max_seq_length)")
+    if args.ignore_folder_settings or args.blank != "error":
+        raise InputError("--ignore-folder-settings / --blank are for the local engine (Ray reports blank texts by id)")
     workers = args.workers or 2
     report = embed_dataset(args.texts, args.out, model=args.model, workers=workers, threads=args.threads,
                            batch_size=args.batch_size, max_tokens=args.max_tokens or 8192, address=args.address)

@@ -356,11 +356,8 @@ class BertTokenizer:
 
     def encode(self, text, text_pair=None, *, add_special_tokens: bool = True, padding=False, truncation=None,
                max_length: int | None = None, return_tensors=None, **kwargs) -> list[int]:
-        """The ids of one text (or pair), as transformers' ``encode``: ``tokenizer(text)["input_ids"]``.
-        Already tokenised input (a list of tokens) is looked up as it is."""
-        if isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
-            ids = self.convert_tokens_to_ids(list(text))
-            return self.build_inputs_with_special_tokens(ids) if add_special_tokens else ids
+        """The ids of one text (or pair), as transformers' ``encode``: ``tokenizer(text)["input_ids"]`` (a list
+        of texts gives a list of id lists, as transformers 5 does)."""
         _no_other_options("encode", kwargs)
         out = self(text, text_pair, add_special_tokens=add_special_tokens, padding=padding, truncation=truncation,
                    max_length=max_length, return_tensors=return_tensors)

@@ -120,6 +120,7 @@ def test_tokenizer_surface_matches_transformers(minilm_dir, hf_tokenizer, tmp_pa
     assert len(ours) == len(hf_tokenizer) and ours.get_vocab() == hf_tokenizer.get_vocab()
     text, pair = "Hello, world! Ünïcödé text.", "A second one"
     assert ours.encode(text) == hf_tokenizer.encode(text)
+    assert ours.encode(["hello", "unaffable"]) == hf_tokenizer.encode(["hello", "unaffable"])
     assert ours.encode(text, pair, max_length=8, truncation=True) == hf_tokenizer.encode(text, pair, max_length=8,
                                                                                        truncation=True)
     # transformers 5's tokenizers dropped build_inputs_with_special_tokens & co.; their __call__ is the reference

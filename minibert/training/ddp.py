@@ -1,6 +1,6 @@
 """Data-parallel fine-tuning: ``torchrun`` starts N processes, each trains a replica on its share of every batch.
 
-    torchrun --standalone --nproc_per_node 2 -m minibert finetune train.csv test.csv --model M --out DIR --batch-size 16
+    torchrun --standalone --nproc_per_node 2 -m minibert finetune --train train.csv --eval test.csv --model M --out DIR --batch-size 16
 
 is ``minibert finetune ... --batch-size 32`` in one process, split over two: every process builds the
 same global batch of ``batch_size x N`` rows (same seed), keeps its own contiguous slice of the rows, and
