@@ -81,3 +81,21 @@ def test_embed_cli_ray_engine(local_ray, shards, minilm_dir, tmp_path):
     assert "wrote" in r.stdout and "36 vectors of 36 texts" in r.stdout
     ids, _ = read_vectors(tmp_path / "v")
     assert sorted(ids) == sorted(k for k in texts if k.startswith(("b.txt", "doc", "c.jsonl")))
+
+
+def test_parquet_shards_with_their_own_ids(local_ray, minilm_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["a river bank", "the bank raised its rates", "", "money and interest"]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"doc": ["d1", "d2", "d3", "d4"], "body": texts, "other": [1, 2, 3, 4]}),
+                   tmp_path / "in" / "part-0.parquet")
+    report = embed_dataset([str(tmp_path / "in" / "part-0.parquet")], tmp_path / "out", model=str(minilm_dir),
+                           workers=1, text_field="body", id_field="doc")
+    assert report.rows_in == 4 and report.blank == ["d3"] and not report.failed
+    ids, vectors = read_vectors(tmp_path / "out")
+    order = sorted(range(len(ids)), key=lambda i: ids[i])
+    assert [ids[i] for i in order] == ["d1", "d2", "d4"]
+    want = SentenceEncoder.from_pretrained(minilm_dir).encode([texts[0], texts[1], texts[3]])
+    assert np.abs(vectors[order] - want).max() <= 1e-6
