@@ -51,13 +51,11 @@ def _load(model_source: str, dtype=None, max_length=None):
     return model, tokenizer
 
 
-def _tokenize(tokenizer, texts, max_length, truncated, numbers=None):
+def _tokenize(tokenizer, texts, max_length, truncated):
     """A padded batch, truncated to ``max_length`` tokens (None: the tokenizer's limit). ``truncated``
-    collects (number, tokens cut) for the texts that were cut; ``numbers`` are the texts' 1-based
-    numbers (default 1, 2, ...)."""
+    collects (1-based number, tokens cut) for the texts that were cut."""
     batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-    numbers = numbers or range(1, len(texts) + 1)
-    truncated += [(k, n) for k, n in zip(numbers, batch.num_truncated_tokens) if n]
+    truncated += [(k, n) for k, n in enumerate(batch.num_truncated_tokens, start=1) if n]
     return batch
 
 
@@ -222,6 +220,7 @@ def cmd_embed(args) -> int:
     from .analysis import layers as L
     from .analysis.probing import progress_bar
     from .compat import sentence
+    from .inputs import check_index
     from .tools import fast
     from .tools.batching import collate, plan_batches
 
@@ -246,7 +245,8 @@ def cmd_embed(args) -> int:
     if follow:  # a sentence-transformers folder: its truncation, pooling and normalisation
         encoder = sentence.SentenceEncoder.from_pretrained(args.model)
         if args.max_length is not None:
-            encoder.max_seq_length = sentence.check_max_seq_length(args.max_length, encoder.model.config)
+            encoder.max_seq_length = check_index("--max-length", args.max_length, 3,
+                                                 encoder.model.config.max_position_embeddings, "the model's positions")
         model, tokenizer, limit = encoder.model, encoder.tokenizer, encoder.max_seq_length
         settings = encoder.settings()
         described = (f"sentence-transformers settings from modules.json: max_seq_length {limit}"
@@ -273,11 +273,10 @@ def cmd_embed(args) -> int:
     ids = [encoding["input_ids"][i] for i in todo]
     truncated = [(i + 1, n) for i, n in enumerate(encoding.num_truncated_tokens) if n and i not in skip]
     batch_size = args.batch_size or (None if args.max_tokens else 32)
-    bar = progress_bar(len(todo), "embed", not args.quiet)
     if follow:
-        vectors = encoder.encode_ids(ids, batch_size=batch_size, max_tokens=args.max_tokens)
-        bar.update(len(todo))
+        vectors = encoder.encode_ids(ids, batch_size=batch_size, max_tokens=args.max_tokens, progress=not args.quiet)
     else:
+        bar = progress_bar(len(todo), "embed", not args.quiet)
         width = model.config.hidden_size * (len(chosen) if combine == "concat" else 1)
         vectors = torch.zeros(len(todo), width)
         run = fast.prepare(model)
@@ -289,7 +288,7 @@ def cmd_embed(args) -> int:
                 vectors[torch.as_tensor(rows)] = (torch.cat(tuple(pooled), -1) if combine == "concat"
                                                   else pooled.mean(0)).float()
                 bar.update(len(rows))
-    bar.close()
+        bar.close()
     array = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
     array[todo] = vectors.numpy()
     _report_truncation(truncated, len(texts), limit, what="line")

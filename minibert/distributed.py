@@ -194,9 +194,7 @@ def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the report says what happened
     if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False,
-                 include_dashboard=False) if address else ray.init(ignore_reinit_error=True, log_to_driver=False,
-                                                                   include_dashboard=False)
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     start = time.perf_counter()
     if _kind(files[0]) == "parquet":
         ds = ray.data.read_parquet(files, columns=[id_field, text_field])
@@ -218,10 +216,9 @@ def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int
     failed = [(r["id"], r["status"]) for r in status if r["status"] != "blank"]
     good = (vectors.filter(expr=col("status") == "") if status else vectors).drop_columns(["status"])
     good.write_parquet(str(out_dir))
-    rows_out = good.count()
     seconds = time.perf_counter() - start
-    return EmbedReport(out_dir=str(out_dir), rows_in=rows_in, rows_out=rows_out, blank=blank, failed=failed,
-                       seconds=seconds)
+    return EmbedReport(out_dir=str(out_dir), rows_in=rows_in, rows_out=rows_in - len(status), blank=blank,
+                       failed=failed, seconds=seconds)
 
 
 def read_vectors(out_dir) -> tuple[list[str], "object"]:

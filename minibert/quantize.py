@@ -64,11 +64,14 @@ class PackedInt8:
         self.reduce_range = _reduce_range()
         self.out_features = qweight.shape[0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) fp32 -> (..., out) fp32
-        shape = x.shape
-        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(), self.packed,
-                                               self.reduce_range)
-        return y.reshape(*shape[:-1], self.out_features)
+    def __call__(self, x: torch.Tensor, splits=None) -> torch.Tensor:
+        """x: (N, in) fp32 rows -> (N, out) fp32. ``splits`` (rows per sequence): each sequence's activations
+        get their own scale, so a sequence's result never depends on the other rows it is batched with."""
+        x = x.float().contiguous()
+        if splits is None:
+            return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+        return torch.cat([torch.ops.quantized.linear_dynamic(chunk.contiguous(), self.packed, self.reduce_range)
+                          for chunk in x.split(list(splits))])
 
 
 class Int8Linear(nn.Module):
@@ -89,10 +92,10 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in). A 3-D input (B, T, in) is quantised one sequence at a time, so that a sequence's
         result does not depend on the others in the batch (the fast path does the same over real tokens)."""
-        kernel = self.kernel()
-        if x.dim() == 3 and x.shape[0] > 1:
-            return torch.cat([kernel(row) for row in x.split(1)])
-        return kernel(x)
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        splits = [shape[1]] * shape[0] if x.dim() == 3 else None  # one scale per sequence
+        return self.kernel()(rows, splits).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.qweight.dequantize()

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ..errors import InputError, MissingExtra
+from .layers import pool
 
 #: the built-in inputs: plain sentences, sentence pairs, very short and long texts, accents, numbers,
 #: punctuation and non-Latin script, batched so that padding is exercised
@@ -222,8 +223,7 @@ def compare(run_a: Runner, run_b: Runner, batches: list[dict], *, atol: float, n
                     add(layer, "attention", (p.float() - q.float()).masked_select(pair).abs())
             if pa is not None and pb is not None:
                 add("pooler", "hidden", (pa.float() - pb.float()).abs().flatten())
-            w = valid[..., None].float()  # (B, T, 1)
-            va, vb = ((h[-1].float() * w).sum(1) / w.sum(1).clamp(min=1) for h in (ha, hb))  # (B, H)
+            va, vb = (pool(h[-1].float(), valid, "mean") for h in (ha, hb))  # (B, H): sentence vectors
             cosines.append(torch.nn.functional.cosine_similarity(va.double(), vb.double(), dim=-1))
 
     every = torch.cat(cosines) if cosines else torch.ones(0)

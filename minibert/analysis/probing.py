@@ -138,11 +138,10 @@ def extract_span_features(model, tokenizer, texts: list[str], spans: list[list[t
     run = fast.prepare(model)
     with torch.inference_mode():
         for ids in plan:
-            batch = collate(token_ids, ids, tokenizer.vocab[tokenizer.pad_token], device=model.device)
+            batch = collate(token_ids, ids, tokenizer.pad_token_id, device=model.device)
             hidden = torch.stack(run(**batch).hidden_states).float()  # (L + 1, B, T, H)
             for row, text_id in enumerate(ids):
-                n = len(token_ids[text_id])
-                pieces = assign_pieces(torch.tensor(all_offsets[text_id]), torch.ones(n), spans[text_id])
+                pieces = assign_pieces(all_offsets[text_id], [1] * len(token_ids[text_id]), spans[text_id])
                 for w, positions in enumerate(pieces):
                     if not positions:
                         continue
@@ -159,10 +158,12 @@ def extract_span_features(model, tokenizer, texts: list[str], spans: list[list[t
 
 
 def assign_pieces(offsets, mask, spans):
-    """Token positions of each word: a token belongs to the word whose span contains its start."""
+    """Token positions of each word: a token belongs to the word whose span contains its start.
+    ``offsets`` (T, 2) and ``mask`` (T,): tensors or lists."""
     pieces = [[] for _ in spans]
     w = 0
-    for t, ((a, b), m) in enumerate(zip(offsets.tolist(), mask.tolist())):
+    offsets, mask = (x.tolist() if hasattr(x, "tolist") else x for x in (offsets, mask))
+    for t, ((a, b), m) in enumerate(zip(offsets, mask)):
         if not m or a == b:  # padding and special tokens
             continue
         while w < len(spans) and a >= spans[w][1]:

@@ -37,7 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from ..model import BertModel
+from ..analysis.layers import pool as layer_pool
 from ..errors import CheckpointError, InputError
+from ..inputs import check_index
 from ..loading import MODEL_FILES, TOKENIZER_FILES, resolve_source
 from ..tokenizer import BertTokenizer
 from ..tools import fast
@@ -54,16 +56,13 @@ _FOLDER_FILES = MODULE_FILES + [f for f in (*MODEL_FILES, *TOKENIZER_FILES) if f
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """One sentence-transformers pooling mode: (B, T, H), (B, T) -> (B, H). Rows are right-padded."""
+    """One sentence-transformers pooling mode: (B, T, H), (B, T) -> (B, H). Rows are right-padded, so
+    cls / max / mean are minibert's own ``analysis.layers.pool`` (the first token is the first real one)."""
+    if mode in ("cls", "max", "mean"):
+        return layer_pool(hidden, attention_mask, mode)
     mask = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
-    if mode == "cls":
-        return hidden[:, 0]  # right padding: the first real token is token 0
-    if mode == "max":
-        return hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values
-    if mode in ("mean", "mean_sqrt_len_tokens"):
-        total = (hidden * mask).sum(dim=1)  # (B, H)
-        count = mask.sum(dim=1).clamp(min=1e-9)  # (B, 1)
-        return total / (count if mode == "mean" else torch.sqrt(count))
+    if mode == "mean_sqrt_len_tokens":
+        return (hidden * mask).sum(dim=1) / torch.sqrt(mask.sum(dim=1).clamp(min=1e-9))
     if mode == "weightedmean":
         positions = torch.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype, device=hidden.device)
         weights = mask * positions.view(1, -1, 1)  # (B, T, 1): 1, 2, 3, ... on real tokens
@@ -81,14 +80,6 @@ def is_sentence_folder(source) -> bool:
     except Exception:  # not found: the caller's own loading reports it
         return False
     return ((path if path.is_dir() else path.parent) / "modules.json").exists()
-
-
-def check_max_seq_length(value, config) -> int:
-    """``value`` if it is an integer in 3..max_position_embeddings, else an InputError that says so."""
-    if not isinstance(value, int) or isinstance(value, bool) or not 2 < value <= config.max_position_embeddings:
-        raise InputError(f"max_seq_length={value!r}: must be an integer in 3..{config.max_position_embeddings} "
-                         "(the model's positions)")
-    return value
 
 
 def _lowercase_first(tokenizer_json: Path) -> bool:
@@ -132,7 +123,7 @@ class SentenceEncoder:
                 raise InputError(f"pooling mode {mode!r}; use one of {', '.join(POOLING_MODES)}")
         if max_seq_length is None:
             max_seq_length = min(tokenizer.model_max_length, model.config.max_position_embeddings)
-        check_max_seq_length(max_seq_length, model.config)
+        check_index("max_seq_length", max_seq_length, 3, model.config.max_position_embeddings, "the model's positions")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling, self.normalize = pooling, bool(normalize)
         self.max_seq_length, self.do_lower_case = max_seq_length, bool(do_lower_case)

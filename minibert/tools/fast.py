@@ -99,10 +99,7 @@ class _Int8Linear:
         self.weight = kernel.qweight  # (out, in): for shapes only
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, splits=None) -> torch.Tensor:
-        # activations are quantised per sequence, over its real tokens: a row's result never depends on the
-        # other rows of the batch or on padding (one scale for the whole packed batch would)
-        parts = [self.kernel(chunk) for chunk in x.split(splits)] if splits is not None else [self.kernel(x)]
-        y = parts[0] if len(parts) == 1 else torch.cat(parts)
+        y = self.kernel(x, splits)  # one activation scale per sequence, over its real tokens
         return torch.ops.aten.gelu_(y, approximate=self.gelu) if self.gelu is not None else y
 
 

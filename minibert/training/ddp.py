@@ -93,12 +93,17 @@ class Replica(nn.Module):
         self.inner.save_pretrained(directory)
 
 
+def check_recipe(recipe: str) -> None:
+    """Refuse what DDP cannot do: the gradual recipe changes what trains mid-run."""
+    if recipe == "gradual":
+        raise InputError("the gradual recipe unfreezes blocks during training, which DistributedDataParallel "
+                         "does not allow; run it in one process")
+
+
 def wrap_for_fit(model: nn.Module, *, evaluate=None, save=None, out_dir=None, log=None, recipe: str = "full"):
     """(replica, evaluate, save, out_dir, log) for ``fit`` on this rank: only rank 0 evaluates, saves and
     logs. Call inside torchrun (``init`` is called here)."""
-    if recipe == "gradual":
-        raise InputError("the gradual recipe unfreezes blocks during training, which DistributedDataParallel "
-                         "does not allow; use it in one process")
+    check_recipe(recipe)
     rank, world = init()
     replica = Replica(model, rank, world)
     if rank != 0:

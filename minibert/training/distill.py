@@ -303,7 +303,7 @@ def embed(model: BertModel, tokenizer, texts: Sequence[str], *, pooling: str = "
     out = torch.empty(len(texts), encoder.config.hidden_size)
     with torch.inference_mode():
         for rows in plan_batches([len(x) for x in ids], batch_size=batch_size):
-            batch = collate(ids, rows, tokenizer.vocab[tokenizer.pad_token], device=encoder.device)
+            batch = collate(ids, rows, tokenizer.pad_token_id, device=encoder.device)
             vectors = pool(run(**batch).last_hidden_state, batch["attention_mask"], pooling).float()
             out[torch.as_tensor(rows)] = (F.normalize(vectors, dim=-1) if normalize else vectors).cpu()
     return out

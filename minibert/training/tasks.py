@@ -53,9 +53,8 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file")
     world = ddp.world_size()  # under torchrun: batch_size is each process's share of a batch_size x world batch
-    if world > 1 and recipe == "gradual":
-        raise InputError("the gradual recipe unfreezes blocks during training, which DistributedDataParallel "
-                         "does not allow; run it in one process")
+    if world > 1:
+        ddp.check_recipe(recipe)  # before any data is read
     batch_size = batch_size * world
     tokenizer = BertTokenizer.from_pretrained(model_source)
 
