@@ -16,7 +16,7 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
    big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``_Workspace``).
 
 An int8 model (``dtype="int8"``, ``minibert.quantize``) runs its own quantised weights here, Q, K and V
-fused by rows, with activations quantised per sequence over its real tokens.
+fused by rows (activations are quantised per token, so packing does not change their quantisation).
 
 The embeddings, LayerNorms, activation and pooler are the model's own modules. The fused/packed weight
 copies live in a cache beside the model, never inside it (copying, pickling and saving a model never see
@@ -64,9 +64,8 @@ class _Linear:
                 self.packed = None
         self.weight = weight.detach()
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, splits=None) -> torch.Tensor:
-        """x: (N, in). ``out``: an (N, out) buffer to write into (plain path only), see ``_Workspace``.
-        ``splits`` (tokens per sequence) matters to int8 layers only."""
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (N, in). ``out``: an (N, out) buffer to write into (plain path only), see ``_Workspace``."""
         if self.packed is not None:
             if self.gelu is None:
                 return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -98,8 +97,8 @@ class _Int8Linear:
         self.kernel, self.gelu, self.packed = kernel, gelu, None
         self.weight = kernel.qweight  # (out, in): for shapes only
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, splits=None) -> torch.Tensor:
-        y = self.kernel(x, splits)  # one activation scale per sequence, over its real tokens
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.kernel(x)  # activations quantised per token
         return torch.ops.aten.gelu_(y, approximate=self.gelu) if self.gelu is not None else y
 
 
@@ -128,8 +127,7 @@ class _FastBlock:
         """x: (N, H) packed real tokens. lengths: tokens per sequence (None = dense (B, T))."""
         h, d = self.heads, self.d
         N = x.shape[0]
-        splits = lengths if lengths is not None else [T] * B  # tokens per sequence (int8 scales)
-        qkv = self.qkv(x, out=ws.get("qkv", (N, 3 * h * d), x), splits=splits)  # (N, 3H)
+        qkv = self.qkv(x, out=ws.get("qkv", (N, 3 * h * d), x))  # (N, 3H)
         if lengths is None:  # dense batch: one attention call for all
             q, k, v = qkv.view(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # each (B, h, T, d)
             ctx = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)  # (B, h, T, d)
@@ -140,11 +138,11 @@ class _FastBlock:
                 q, k, v = chunk.view(1, -1, 3, h, d).permute(2, 0, 3, 1, 4)  # each (1, h, L, d)
                 parts.append(F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)[0].transpose(0, 1))
             ctx = torch.cat(parts).reshape(-1, h * d)  # (N, H)
-        x = self.attn_norm(self.out(ctx, splits=splits).add_(x))  # residual, then LayerNorm
-        inner = self.ffn_in(x, out=ws.get("inner", (N, self.ffn_in.weight.shape[0]), x), splits=splits)  # (N, F)
+        x = self.attn_norm(self.out(ctx).add_(x))  # residual, then LayerNorm
+        inner = self.ffn_in(x, out=ws.get("inner", (N, self.ffn_in.weight.shape[0]), x))  # (N, F)
         if self.act is not None:
             inner = self.act(inner)
-        return self.ffn_norm(self.ffn_out(inner, splits=splits).add_(x))
+        return self.ffn_norm(self.ffn_out(inner).add_(x))
 
 
 class _Packed:
