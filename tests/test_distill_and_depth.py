@@ -187,6 +187,32 @@ def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir
     assert all(p.requires_grad for p in distill.init_student(teacher, [1, 3]).parameters())
 
 
+def test_length_grouped_batches_cover_every_text_once_with_less_padding(minilm_dir, sentences_dir):
+    from minibert.training.data import LENGTH_POOL, _epoch_rows
+
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    texts = (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n")[:1500]
+    lengths = [len(x) for x in tok(texts, truncation=True, max_length=64)["input_ids"]]
+
+    def padded(batches):  # tokens computed = rows x longest, over the epoch
+        return sum(len(rows) * max(lengths[i] for i in rows) for rows in batches)
+
+    plain = list(_epoch_rows(len(texts), 16, True, 0))
+    grouped = list(_epoch_rows(len(texts), 16, True, 0, lengths))
+    assert sorted(i for rows in grouped for i in rows) == list(range(len(texts)))  # each text once
+    assert sum(len(rows) != 16 for rows in grouped) <= math.ceil(len(texts) / (16 * LENGTH_POOL))  # one per pool
+    assert padded(grouped) < 0.8 * padded(plain) and sum(lengths) <= padded(grouped)
+    assert grouped == list(_epoch_rows(len(texts), 16, True, 0, lengths))  # seeded
+    assert grouped != list(_epoch_rows(len(texts), 16, True, 1, lengths))  # another epoch, another order
+    # the batches themselves: what the tokeniser pads for those rows (the texts are tokenised once, up front)
+    few = texts[:40]
+    few_lengths = [len(x) for x in tok(few, truncation=True, max_length=64)["input_ids"]]
+    made = list(distill.text_batches(tok, few, batch_size=8, max_length=64, seed=3, group_by_length=True)(0))
+    for rows, batch in zip(_epoch_rows(len(few), 8, True, 3, few_lengths), made, strict=True):
+        want = tok([few[i] for i in rows], padding=True, truncation=True, max_length=64, return_tensors="pt")
+        assert all(torch.equal(want[k], batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+
+
 def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_path):
     texts, labels = toy(64, seed=1)
     path = tmp_path / "train.csv"
@@ -251,7 +277,8 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
     for argv, message in ((["--texts", str(corpus), "--train", str(data)], "exclude each other"),
                           ([], "give --texts"), (["--train", str(data)], "needs --eval"),
                           (["--texts", str(corpus), "--student-blocks", "0,x"], "--student-blocks"),
-                          (["--texts", str(corpus), "--student-blocks", "0,9"], "student blocks")):
+                          (["--texts", str(corpus), "--student-blocks", "0,9"], "student blocks"),
+                          (["--train", str(data), "--eval", str(data), "--group-by-length"], "embedding mode")):
         out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--out", str(tmp_path / "e")] + argv,
                              capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)

@@ -11,13 +11,34 @@ from ..errors import InputError
 from ..inputs import check_index
 
 
-def _epoch_rows(n: int, batch_size: int, shuffle: bool, seed: int) -> Iterator[list[int]]:
-    """Example indices 0..n-1, shuffled by ``seed`` when asked, in chunks of ``batch_size``."""
+#: with ``lengths``, how many batches' worth of shuffled examples are sorted by length together
+LENGTH_POOL = 50
+
+
+def _epoch_rows(n: int, batch_size: int, shuffle: bool, seed: int,
+                lengths: Sequence[int] | None = None) -> Iterator[list[int]]:
+    """Example indices 0..n-1, shuffled by ``seed`` when asked, in chunks of ``batch_size``.
+
+    With ``lengths`` (tokens per example), batches hold examples of similar length, so that little of
+    each batch is padding: the shuffled order is cut into pools of ``LENGTH_POOL`` batches, each pool is
+    sorted by length and cut into batches, and the batches are shuffled (bucketing; every example still
+    comes once per epoch, in an order that changes with the epoch)."""
     order = list(range(n))
+    rng = random.Random(seed)
     if shuffle:
-        random.Random(seed).shuffle(order)
-    for start in range(0, n, batch_size):
-        yield order[start:start + batch_size]
+        rng.shuffle(order)
+    if lengths is None:
+        for start in range(0, n, batch_size):
+            yield order[start:start + batch_size]
+        return
+    pool = batch_size * LENGTH_POOL
+    batches = []
+    for start in range(0, n, pool):
+        chunk = sorted(order[start:start + pool], key=lambda i: lengths[i])
+        batches += [chunk[k:k + batch_size] for k in range(0, len(chunk), batch_size)]
+    if shuffle:
+        rng.shuffle(batches)
+    yield from batches
 
 
 def classification_batches(tokenizer, texts: Sequence[str], labels: Sequence, *, pairs: Sequence[str] | None = None,

@@ -280,16 +280,20 @@ class TaskDistiller(_Distiller):
 
 # ------------------------------------------------------------------------------------------ embeddings
 def text_batches(tokenizer, texts: Sequence[str], *, batch_size: int = 32, max_length: int | None = 128,
-                 shuffle: bool = True, seed: int = 0) -> Callable[[int], object]:
-    """``batches(epoch)`` of unlabelled texts for ``fit``, shuffled by ``seed + epoch``."""
+                 shuffle: bool = True, seed: int = 0, group_by_length: bool = False) -> Callable[[int], object]:
+    """``batches(epoch)`` of unlabelled texts for ``fit``, shuffled by ``seed + epoch``. The texts are
+    tokenised once, here. ``group_by_length``: batches of similar lengths (less padding to compute; see
+    ``data._epoch_rows``)."""
     if not texts:
         raise InputError("no texts to distil on")
     check_index("batch_size", batch_size, 1, 10**9)
+    ids = tokenizer(list(texts), truncation=True, max_length=max_length, return_token_type_ids=False,
+                    return_attention_mask=False)["input_ids"]
+    lengths = [len(x) for x in ids] if group_by_length else None
 
     def batches(epoch: int):
-        for rows in _epoch_rows(len(texts), batch_size, shuffle, seed + epoch):
-            yield dict(tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
-                                 return_tensors="pt"))
+        for rows in _epoch_rows(len(texts), batch_size, shuffle, seed + epoch, lengths):
+            yield collate(ids, rows, tokenizer.pad_token_id)
     return batches
 
 
@@ -343,11 +347,12 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
                        eval_texts: Sequence[str] | None = None, pooling: str = "mean", normalize: bool = False,
                        similarity_weight: float = 0.0, hidden_weight: float = 0.0, attention_weight: float = 0.0,
                        layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=5e-4),
-                       batch_size: int = 32, max_length: int | None = 128, out_dir=None,
-                       log: Callable[[str], None] | None = None) -> History:
+                       batch_size: int = 32, max_length: int | None = 128, group_by_length: bool = False,
+                       out_dir=None, log: Callable[[str], None] | None = None) -> History:
     """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
     epoch, with ``eval_texts``, the two models' agreement on them (``embedding_agreement``); the epoch
-    with the best Spearman agreement is kept in ``out_dir``."""
+    with the best Spearman agreement is kept in ``out_dir``. ``group_by_length``: batches of similar
+    lengths (``text_batches``), less padding to compute."""
     if eval_texts is not None and len(eval_texts) < 3:
         raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement needs at least 3")
     distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=normalize,
@@ -360,7 +365,8 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
         def evaluate(m):
             return embedding_agreement(reference, embed(m.student, tokenizer, eval_texts, pooling=pooling,
                                                         max_length=max_length), k=min(10, len(eval_texts) - 1))
-    batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed)
+    batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed,
+                           group_by_length=group_by_length)
     return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
                out_dir=out_dir, on_epoch_end=_reporter(log, config))
 
@@ -388,7 +394,8 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                    similarity_weight: float = 0.0, hidden_weight: float = 0.0,
                    attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
                    config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
-                   max_length: int | None = 128, log: Callable[[str], None] | None = None) -> CorpusRun:
+                   max_length: int | None = 128, group_by_length: bool = False,
+                   log: Callable[[str], None] | None = None) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
     every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, measure the agreement
     before, distil, and write the best student with the tokenizer to ``out_dir``."""
@@ -417,7 +424,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                                  normalize=normalize, similarity_weight=similarity_weight,
                                  hidden_weight=hidden_weight, attention_weight=attention_weight,
                                  layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
-                                 out_dir=out_dir, log=log)
+                                 group_by_length=group_by_length, out_dir=out_dir, log=log)
     copy_tokenizer(teacher_source, out_dir)
     return CorpusRun(history, before, blocks, len(eval_texts), split)
 
