@@ -117,7 +117,8 @@ def part_embeddings(args, results):
                                        batch_size=32, max_length=128, log=print, **options)
         history = json.loads((directory / "metrics.json").read_text())
         best = history["epochs"][history["best_epoch"] - 1]
-        out["runs"].append({"name": name, "train_texts": len(run_texts), "best_epoch": history["best_epoch"],
+        out["runs"].append({"name": name, "train_texts": len(run_texts), "cpu": cpu_info()[0],
+                            "best_epoch": history["best_epoch"],
                             **best["eval"], "by_epoch": [e["eval"]["spearman"] for e in history["epochs"]],
                             "seconds_per_epoch": statistics.mean(e["seconds"] for e in history["epochs"])})
         trained = directory
@@ -222,8 +223,12 @@ def part_exits(args, results):
 
 
 # ---------------------------------------------------------------------------------------------- report
-def markdown(results: dict, header: str) -> str:
-    md = ["# Distillation and adaptive depth (all-MiniLM-L6-v2)", "", header, ""]
+def markdown(results: dict) -> str:
+    md = ["# Distillation and adaptive depth (all-MiniLM-L6-v2)", ""]
+    machines = results.get("machines", {})
+    for header in dict.fromkeys(machines.values()):  # each machine once, with the parts it ran
+        md.append(f"* {', '.join(p for p in PARTS if machines.get(p) == header)}: {header}")
+    md.append("")
     if "embeddings" in results:
         e = results["embeddings"]
         md += ["## Sentence-embedding distillation: 6 -> 3 blocks", "",
@@ -238,9 +243,10 @@ def markdown(results: dict, header: str) -> str:
                       f"{before['top_k_overlap']:.3f} | - | - |")
         for run in e["runs"]:
             by_epoch = " / ".join(f"{v:.3f}" for v in run.get("by_epoch", [])) or "-"
+            where = f" ({run['cpu']})" if run.get("cpu") else ""  # runs kept from an earlier machine say which
             md.append(f"| 0, 2, 4 distilled: {run['name']} | {run.get('train_texts', e['train_texts']):,} | "
                       f"**{run['spearman']:.4f}** | {by_epoch} | {run['top_k_overlap']:.3f} | "
-                      f"{run['best_epoch']} | {run['seconds_per_epoch']:.0f} |")
+                      f"{run['best_epoch']} | {run['seconds_per_epoch']:.0f}{where} |")
         s = e["speed"]
         md += ["", f"Speed-up of the 3-block student (fast path, median of alternating rounds): embedding the "
                f"{e['held_texts']} held-out sentences **{s['speedup_corpus']:.2f}x** ({s['teacher_corpus']:.2f} s -> "
@@ -328,9 +334,10 @@ def main():
         # merge into what is on disk now: another run may have written other parts meanwhile
         results = {**(json.loads(json_path.read_text()) if json_path.exists() else {}), part: results[part]}
         results.setdefault("seconds", {})[part] = time.perf_counter() - started
-        results["header"] = header
+        results.setdefault("machines", {})[part] = header  # parts may run on different machines
+        results.pop("header", None)
         json_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-        json_path.with_suffix(".md").write_text(markdown(results, header) + "\n", encoding="utf-8")
+        json_path.with_suffix(".md").write_text(markdown(results) + "\n", encoding="utf-8")
         print(f"{part}: done in {time.perf_counter() - started:.0f} s", flush=True)
     print(json_path.with_suffix(".md").read_text())
 
