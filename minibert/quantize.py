@@ -21,10 +21,11 @@ zero (rather than becoming -c_t times the weights' rounding error).
 The integer products run in PyTorch's own dynamic int8 kernel (``torch.ops.quantized.linear_dynamic``);
 no kernel here is hand-written. It quantises its input over the whole matrix's min and max, so one extra
 row holding -1 and 1 goes with every call: the grid is then exactly the one above, whatever the other
-rows, and each token's result is independent of the batch by construction. Which library runs the
+rows, and each token's result is independent of the batch by construction (up to the kernel's fp32
+rounding of the rescale, which may differ with the number of rows). Which library runs the
 kernel is chosen per CPU (``int8_engine``): oneDNN where the CPU has VNNI or AMX int8 instructions (2.6x
 fbgemm's speed at 1024 x 768 x 3072 on a Xeon with AMX), otherwise torch's default (fbgemm on x86,
-qnnpack on ARM). Integer sums are exact in every one, so the result is the same.
+qnnpack on ARM). Integer sums are exact in every one, so the results agree up to fp32 rounding.
 
 Embeddings, LayerNorms, attention (softmax over fp32 scores), GELU, the pooler and task heads stay fp32.
 
