@@ -104,12 +104,13 @@ def part_embeddings(args, results):
     for name, options in args.embedding_runs:
         options = dict(options)
         directory = args.workdir / ("embeddings-" + "".join(c if c.isalnum() else "-" for c in name))
+        if not (directory / "metrics.json").exists() and name in earlier and args.runs is not None \
+                and name not in args.runs:
+            out["runs"].append(earlier[name])  # not asked for: its numbers from the last full run
+            continue
         run_texts = texts + (lines(fetch_corpus() / "train.txt", 4000 if args.quick else None)
                              if options.pop("corpus", False) else [])
         if not (directory / "metrics.json").exists():
-            if name in earlier and args.runs is not None and name not in args.runs:
-                out["runs"].append(earlier[name])  # not asked for: its numbers from the last full run
-                continue
             student = distill.init_student(teacher, [0, 2, 4]).train()
             distill.distill_embeddings(teacher, student, tokenizer, run_texts, eval_texts=held, out_dir=directory,
                                        config=FitConfig(epochs=args.embedding_epochs, lr=options.pop("lr"),
@@ -311,6 +312,9 @@ def main():
                            ("same, + 60,457 corpus sentences, batches grouped by length",
                             {"normalize": True, "lr": 5e-4, "corpus": True, "group_by_length": True})]
     args.runs = None if args.runs is None else [r.strip() for r in args.runs.split(",")]
+    unknown = sorted(set(args.runs or ()) - {name for name, _ in args.embedding_runs})
+    if unknown:
+        parser.error(f"--runs: {unknown} not among {[name for name, _ in args.embedding_runs]}")
     trec = fetch_trec()
     args.train = trec / "train.csv"
     if args.quick:

