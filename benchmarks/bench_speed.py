@@ -5,8 +5,9 @@ user would pick instead (transformers' BertModel, fp32, SDPA), in one process, a
 Parts (``--parts``, all by default); numbers go to benchmarks/results/speed.json and a table to speed.md:
 
 * ``latency``: 1 x 8, 16, 32 tokens on BERT-base geometry (random weights saved by transformers) and
-  all-MiniLM-L6-v2: transformers fp32; minibert's fast path (default: MKL fp32 products); the fast path with
-  oneDNN-prepacked fp32 weights (``prepare(model, prepack_fp32=True)``); minibert int8. Median of
+  all-MiniLM-L6-v2: transformers fp32; minibert's fast path (default ``fp32_kernel="auto"``: oneDNN's
+  products in F.linear's summation order where the CPU has one); the fast path on plain F.linear
+  (``fp32_kernel="linear"``, the default before); in oneDNN's own order (``"onednn"``); minibert int8. Median of
   ``--rounds`` alternating calls, as ratios to transformers. Then a profile of one 1 x 16 BERT-base call of
   the default fast path (torch.profiler, self CPU time grouped: embeddings, matrix products, attention,
   LayerNorm, GELU/other ops, and the rest of the wall time: Python overhead).
@@ -89,7 +90,8 @@ def implementations(directory: Path, with_prepacked: bool = True) -> dict:
     int8 = BertModel.from_pretrained(directory, dtype="int8")
     impls = {"transformers fp32": lambda b: hf(**b), "minibert fp32": lambda b, f=fast.prepare(fp32): f(**b)}
     if with_prepacked:
-        impls["minibert fp32 prepacked"] = lambda b, f=fast.prepare(fp32, prepack_fp32=True): f(**b)
+        impls["fp32 F.linear"] = lambda b, f=fast.prepare(fp32, fp32_kernel="linear"): f(**b)
+        impls["fp32 oneDNN order"] = lambda b, f=fast.prepare(fp32, fp32_kernel="onednn"): f(**b)
     impls["minibert int8"] = lambda b, f=fast.prepare(int8): f(**b)
     return impls, fp32
 
@@ -106,6 +108,9 @@ def part_latency(args, work, results):
                         **{k: v / base for k, v in times.items() if k != "transformers fp32"}})
             print(f"  {name} 1x{T}: " + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in times.items()), flush=True)
     results["latency"] = out
+    results["summation_blocks"] = {f"{o} x {i}": fast.summation_block(o, i) for o, i in
+                                   ((2304, 768), (768, 768), (3072, 768), (768, 3072),
+                                    (1152, 384), (384, 384), (1536, 384), (384, 1536))}
     results["profile"] = profile(base_dir(work))
 
 
@@ -247,6 +252,10 @@ def markdown(results: dict) -> str:
                 "|---" * (3 + len(keys)) + "|"]
         out += [f"| {r['model']} | {r['shape']} | {r['transformers_ms']:.2f} | "
                 + " | ".join(f"{r[k]:.2f}" for k in keys) + " |" for r in results["latency"]]
+        blocks = results.get("summation_blocks", {})
+        out += ["", "Inner blocks in which oneDNN reproduces F.linear's sums on this CPU (`fast.summation_block`, "
+                "weight (out x in): block; none = the default stays on F.linear): "
+                + ", ".join(f"{shape}: {k or 'none'}" for shape, k in blocks.items()) + "."]
         p = results["profile"]
         out += ["", f"Where a 1 x 16 BERT-base call of the default fast path spends its {p['wall_ms']:.2f} ms "
                 "(torch.profiler self CPU time, scaled to the unprofiled wall time):", "",

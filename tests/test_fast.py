@@ -18,6 +18,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import BASE, PAIRS, SENTENCES, random_batch_for, transformers
 from minibert import BertConfig, BertModel, BertTokenizer
@@ -247,10 +248,91 @@ def test_prepacked_fp32_option_stays_close(minilm):
     model, tok = minilm
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     with torch.inference_mode():
-        slow, fast = model(**batch), prepare(model, prepack_fp32=True)(**batch)
+        slow = model(**batch)
+        fast, named = prepare(model, prepack_fp32=True)(**batch), prepare(model, fp32_kernel="onednn")(**batch)
     # oneDNN's fp32 kernels sum in yet another order: documented as up to 4x the floor (1.1e-5 on BERT-base)
     assert compare(slow, fast, batch["attention_mask"]) <= 4 * fp32_noise_floor(model, batch)
+    assert torch.equal(fast.last_hidden_state, named.last_hidden_state)  # two spellings of one kernel
     fastmod.release(model)
+
+
+def _summation_block_or_skip(out_features, in_features):
+    k = fastmod.summation_block(out_features, in_features)
+    if k is None:
+        pytest.skip(f"no oneDNN blocking reproduces F.linear for ({out_features}, {in_features}) on this CPU: "
+                    "the fast path keeps F.linear there")
+    return k
+
+
+@pytest.mark.parametrize("shape", [(2304, 768), (768, 3072), (1536, 384), (1024, 4096)])
+def test_blocked_fp32_products_equal_f_linear(shape):
+    """fp32_kernel="auto": oneDNN's products cut into the inner blocks MKL sums in (found by summation_block)
+    give F.linear's numbers bit for bit, on few rows, on many (summed in tiles), with and without a buffer."""
+    k = _summation_block_or_skip(*shape)
+    g = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(shape, generator=g) * 0.05, torch.randn(shape[0], generator=g)
+    linear = fastmod._Linear(weight, bias)
+    assert linear.blocks is not None and len(linear.blocks) == -(-shape[1] // k)
+    with torch.inference_mode():
+        for rows in (16, 37, 300, 1100):  # 1100: four tiles of 275 rows
+            x = torch.randn(rows, shape[1], generator=g)
+            assert torch.equal(linear(x), F.linear(x, weight, bias)), rows
+            buffer = torch.full((rows, shape[0]), float("nan"))
+            assert torch.equal(linear(x, out=buffer), F.linear(x, weight, bias)), rows
+
+
+def test_default_fast_path_gives_f_linears_numbers(minilm):
+    """On a dense batch the default fast path equals fp32_kernel="linear" (plain F.linear) bit for bit where
+    this CPU has a summation block, and otherwise is F.linear itself; the oneDNN copies are what it costs."""
+    model, tok = minilm
+    config = model.config
+    _summation_block_or_skip(config.intermediate_size, config.hidden_size)
+    batch = dict(tok(SENTENCES[:1] * 4, return_tensors="pt"))  # dense, >= 12 tokens
+    with torch.inference_mode():
+        auto, plain = prepare(model)(**batch), prepare(model, fp32_kernel="linear")(**batch)
+    for a, b in zip(auto.hidden_states, plain.hidden_states, strict=True):
+        assert torch.equal(a, b)
+    weights = sum(p.numel() * 4 for n, p in model.encoder.named_parameters() if n.endswith("weight") and p.dim() == 2)
+    qkv = sum(b.attn.query.weight.numel() * 12 for b in model.encoder.blocks)  # the fused (3H, H) copies
+    assert fastmod.cached_bytes(model) == qkv + weights + qkv  # "linear": QKV; "auto": QKV + every weight
+    fastmod.release(model)
+
+
+def test_default_fast_path_keeps_f_linear_where_no_block_is_found(minilm, monkeypatch):
+    model, tok = minilm
+    batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
+    monkeypatch.setattr(fastmod, "summation_block", lambda *shape: None)
+    fastmod.release(model)
+    with torch.inference_mode():
+        auto, plain = prepare(model)(**batch), prepare(model, fp32_kernel="linear")(**batch)
+    assert torch.equal(auto.last_hidden_state, plain.last_hidden_state)
+    assert all(linear.blocks is None for block in fastmod._CACHE[model]["auto"].blocks
+               for linear in (block.qkv, block.out, block.ffn_in, block.ffn_out))
+    fastmod.release(model)
+
+
+def test_another_thread_count_rebuilds_the_copies(minilm):
+    model, tok = minilm
+    batch = dict(tok(SENTENCES[:2], padding=True, return_tensors="pt"))
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        prepare(model)(**batch)
+        first = fastmod._CACHE[model]["auto"]
+        try:
+            torch.set_num_threads(1 if threads > 1 else 2)
+            prepare(model)(**batch)
+            assert fastmod._CACHE[model]["auto"] is not first  # summation blocks are per thread count
+        finally:
+            torch.set_num_threads(threads)
+    fastmod.release(model)
+
+
+def test_fp32_kernel_is_checked(minilm):
+    model, _ = minilm
+    with pytest.raises(ValueError, match=r"fp32_kernel='mkl': use one of \('auto', 'linear', 'onednn'\)"):
+        prepare(model, fp32_kernel="mkl")
+    with pytest.raises(ValueError, match="prepack_fp32=True is fp32_kernel='onednn'"):
+        prepare(model, fp32_kernel="linear", prepack_fp32=True)
 
 
 def test_rows_without_real_tokens(minilm):

@@ -8,10 +8,16 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
    its own tokens, which is what the padding mask achieves the slow way. On a batch that is 38 % real
    tokens this does 38 % of the dense work. A row's result cannot depend on its neighbours.
 2. **Fused projections.** Q, K and V come from one (3H x H) matrix product instead of three.
-3. **Prepacked bf16/fp16 weights.** For half precision on x86 CPUs the weights are reordered once into
-   oneDNN's blocked layout (AMX kernels) and the GELU runs inside the first FFN product. fp32 keeps
-   ``F.linear`` (MKL) by default: oneDNN's fp32 products are about 15 % faster but sum in another order
-   (up to ~2.2x the noise floor after 12 blocks); ``prepare(model, prepack_fp32=True)`` makes that trade.
+3. **Faster matrix kernels, same sums.** fp32 products run in oneDNN's kernels (up to 2-3x MKL's speed
+   on few rows), cut along the inner dimension into the blocks in which MKL's ``F.linear`` sums on this
+   CPU and added up in MKL's order: the same numbers as ``F.linear``, bit for bit wherever MKL runs its
+   blocked kernel (from 12 rows on, on the CPUs measured). The block is found once per process, matrix
+   shape and thread count, by trying (``summation_block``); where none reproduces ``F.linear`` the
+   products stay ``F.linear``. Many rows are summed in tiles whose partial sums stay in cache.
+   ``fp32_kernel="onednn"`` (or ``prepack_fp32=True``) takes oneDNN's own order instead: faster still,
+   but about 2x further from the readable path; ``"linear"`` keeps ``F.linear`` and copies no weight
+   but the fused QKV. bf16/fp16 weights are prepacked once into oneDNN's blocked layout (AMX kernels)
+   and the GELU runs inside the first FFN product.
 4. **inference_mode**, in-place residual adds and GELU, PyTorch's fused attention kernel, and the two
    big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``_Workspace``).
 
@@ -47,34 +53,115 @@ from .hooks import has_hooks
 _MKLDNN = (hasattr(torch.ops, "mkldnn") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.backends.mkldnn.is_available())
 
+if _MKLDNN:  # the overloads themselves: one attribute walk less per call (hundreds of calls per forward)
+    _ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default
+    _ONEDNN_LINEAR_ADD = torch.ops.mkldnn._linear_pointwise.binary
+
+FP32_KERNELS = ("auto", "linear", "onednn")  # see the module docstring, point 3
+_BLOCK_SIZES = (512, 384, 256, 192, 128, 96, 64)  # the inner blocks tried after the whole width
+_TILE = 256  # rows: more than twice this many are summed in tiles of at least this many
+
+
+def _pack(weight: torch.Tensor):
+    """``weight`` (out, in) reordered into oneDNN's blocked layout (a copy), or None where it cannot be."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+    except RuntimeError:  # this CPU or build cannot
+        return None
+
+
+def _pack_blocks(weight: torch.Tensor, k: int) -> list | None:
+    """The (out, k) column blocks of ``weight`` (the last one narrower when k does not divide ``in``),
+    each prepacked for oneDNN."""
+    blocks = [_pack(weight[:, i:i + k]) for i in range(0, weight.shape[1], k)]
+    return None if any(b is None for b in blocks) else blocks
+
+
+def _blocked_linear(x: torch.Tensor, blocks: list, bias: torch.Tensor, k: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b summed block by block, in order: ((b + x_0 W_0^T) + x_1 W_1^T) + ... -- the order in
+    which a blocked GEMM such as MKL's accumulates C over the inner dimension. x: (N, in). Many rows go
+    in tiles of at least ``_TILE`` rows (each tile's partial sums stay in cache), written into ``out``."""
+    n = x.shape[0] // _TILE
+    if n >= 2:
+        out = x.new_empty(x.shape[0], bias.shape[0]) if out is None else out
+        for rows, dst in zip(x.tensor_split(n), out.tensor_split(n)):
+            dst.copy_(_blocked_linear(rows, blocks, bias, k))
+        return out
+    if len(blocks) == 1:
+        return _ONEDNN_LINEAR(x, blocks[0], bias, "none", [], "")
+    if len(blocks) * k == x.shape[1]:  # (C, N, k): one copy, not one per block
+        parts = x.view(x.shape[0], len(blocks), k).transpose(0, 1).contiguous().unbind(0)
+    else:  # a narrower last block
+        parts = [part.contiguous() for part in x.split(k, 1)]
+    y = _ONEDNN_LINEAR(parts[0], blocks[0], bias, "none", [], "")  # (N, out)
+    for i in range(1, len(blocks)):
+        y = _ONEDNN_LINEAR_ADD(parts[i], y, blocks[i], None, "add")  # y + x_i W_i^T
+    return y
+
+
+_BLOCKS: dict[tuple, int | None] = {}
+
+
+def summation_block(out_features: int, in_features: int) -> int | None:
+    """The inner block k for which oneDNN's fp32 products, summed block by block (``_blocked_linear``),
+    equal ``F.linear``'s bit for bit on this CPU and thread count, or None. Found by trying the whole
+    width, then each narrower ``_BLOCK_SIZES`` (the last block takes the rest), on random (16 and 64, in)
+    inputs and an (out, in) weight; remembered per process."""
+    key = (out_features, in_features, torch.get_num_threads())
+    if key not in _BLOCKS:
+        _BLOCKS[key] = None
+        if _MKLDNN:
+            g = torch.Generator().manual_seed(0)
+            w = torch.randn(out_features, in_features, generator=g)
+            b = torch.randn(out_features, generator=g)
+            xs = [torch.randn(m, in_features, generator=g) for m in (16, 64)]
+            with torch.inference_mode():
+                wanted = [F.linear(x, w, b) for x in xs]
+                for k in (in_features,) + tuple(c for c in _BLOCK_SIZES if c < in_features):
+                    blocks = _pack_blocks(w, k)
+                    if blocks is not None and all(torch.equal(_blocked_linear(x, blocks, b, k), y)
+                                                  for x, y in zip(xs, wanted)):
+                        _BLOCKS[key] = k
+                        break
+    return _BLOCKS[key]
+
 
 class _Linear:
-    """y = x W^T + b (optionally followed by a fused GELU) with W prepacked when oneDNN is there."""
+    """y = x W^T + b (optionally followed by GELU): ``F.linear``, oneDNN's kernels in F.linear's summation
+    order (fp32 ``"auto"``), or a oneDNN-prepacked weight (half precision; fp32 ``"onednn"``)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, gelu: str | None = None,
-                 prepack_fp32: bool = False):
-        self.bias = bias.detach()
-        self.gelu = gelu
-        self.packed = None
-        dtypes = (torch.float32, torch.bfloat16, torch.float16) if prepack_fp32 else (torch.bfloat16, torch.float16)
-        if _MKLDNN and weight.device.type == "cpu" and weight.dtype in dtypes:
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-            except RuntimeError:  # this CPU or build cannot: plain F.linear below
-                self.packed = None
-        self.weight = weight.detach()
+                 fp32_kernel: str = "auto"):
+        self.weight, self.bias, self.gelu = weight.detach(), bias.detach(), gelu
+        self.packed = self.blocks = None
+        if not _MKLDNN or weight.device.type != "cpu":
+            return
+        if weight.dtype in (torch.bfloat16, torch.float16) or (weight.dtype == torch.float32 and fp32_kernel == "onednn"):
+            self.packed = _pack(weight)
+        elif weight.dtype == torch.float32 and fp32_kernel == "auto":
+            self.k = summation_block(*weight.shape)
+            if self.k is not None:
+                self.blocks = _pack_blocks(weight, self.k)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (N, in). ``out``: an (N, out) buffer to write into (plain path only), see ``_Workspace``."""
+        """x: (N, in). ``out``: an (N, out) buffer to write into (F.linear only), see ``_Workspace``."""
         if self.packed is not None:
             if self.gelu is None:
-                return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], self.gelu)
-        if out is None:
+                return _ONEDNN_LINEAR(x, self.packed, self.bias, "none", [], "")
+            return _ONEDNN_LINEAR(x, self.packed, self.bias, "gelu", [], self.gelu)
+        if self.blocks is not None:
+            y = _blocked_linear(x, self.blocks, self.bias, self.k, out)
+        elif out is None:
             y = F.linear(x, self.weight, self.bias)
-            return F.gelu(y, approximate=self.gelu) if self.gelu is not None else y
-        torch.addmm(self.bias, x, self.weight.t(), out=out)  # what F.linear runs, into our buffer
-        return torch.ops.aten.gelu_(out, approximate=self.gelu) if self.gelu is not None else out
+        else:
+            y = torch.addmm(self.bias, x, self.weight.t(), out=out)  # what F.linear runs, into our buffer
+        return torch.ops.aten.gelu_(y, approximate=self.gelu) if self.gelu is not None else y
+
+    def nbytes(self) -> int:
+        """Memory of the prepacked copies."""
+        size = self.weight.numel() * self.weight.element_size()
+        return size if self.packed is not None or self.blocks is not None else 0
 
 
 class _Workspace(dict):
@@ -103,7 +190,7 @@ class _Int8Linear:
 
 
 class _FastBlock:
-    def __init__(self, block, hidden_act: str, prepack_fp32: bool):
+    def __init__(self, block, hidden_act: str, fp32_kernel: str):
         a, f = block.attn, block.ffn
         self.heads, self.d = a.num_heads, a.head_size
         gelu = GELU_APPROXIMATE.get(hidden_act)
@@ -115,10 +202,10 @@ class _FastBlock:
             self.ffn_out = _Int8Linear(f.dense_out.kernel())
         else:
             self.qkv = _Linear(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
-                               torch.cat([a.query.bias, a.key.bias, a.value.bias]), prepack_fp32=prepack_fp32)  # (3H, H)
-            self.out = _Linear(a.output.weight, a.output.bias, prepack_fp32=prepack_fp32)
-            self.ffn_in = _Linear(f.dense_in.weight, f.dense_in.bias, gelu=gelu, prepack_fp32=prepack_fp32)
-            self.ffn_out = _Linear(f.dense_out.weight, f.dense_out.bias, prepack_fp32=prepack_fp32)
+                               torch.cat([a.query.bias, a.key.bias, a.value.bias]), fp32_kernel=fp32_kernel)  # (3H, H)
+            self.out = _Linear(a.output.weight, a.output.bias, fp32_kernel=fp32_kernel)
+            self.ffn_in = _Linear(f.dense_in.weight, f.dense_in.bias, gelu=gelu, fp32_kernel=fp32_kernel)
+            self.ffn_out = _Linear(f.dense_out.weight, f.dense_out.bias, fp32_kernel=fp32_kernel)
         self.attn_norm = block.attn_norm
         self.act = None if gelu is not None else f.act  # applied separately when not fusable
         self.ffn_norm = block.ffn_norm
@@ -148,7 +235,7 @@ class _FastBlock:
 class _Packed:
     """The fused/packed blocks of one model, and what they were made from (to notice edits)."""
 
-    def __init__(self, model: BertModel, prepack_fp32: bool):
+    def __init__(self, model: BertModel, fp32_kernel: str):
         self.parts, self.params = [], []  # (dict, key, object) of every submodule and parameter; tensors
         for module in model.encoder.modules():
             self.parts.append((module.__dict__, "_modules", module._modules, len(module._modules)))
@@ -157,14 +244,15 @@ class _Packed:
             self.parts += [(module._parameters, k, v, None) for k, v in module._parameters.items()]
             self.params += [(p, p.data_ptr(), _version(p)) for p in module._parameters.values() if p is not None]
         self.encoder = model.encoder
+        self.threads = torch.get_num_threads()  # the summation blocks found hold for this thread count
         with torch.inference_mode():
-            self.blocks = [_FastBlock(b, model.config.hidden_act, prepack_fp32) for b in model.encoder.blocks]
+            self.blocks = [_FastBlock(b, model.config.hidden_act, fp32_kernel) for b in model.encoder.blocks]
 
     def stale(self, model: BertModel) -> bool:
         """A module or parameter replaced or added, an in-place edit (version counter), ``.to()`` (data
-        pointer): each makes the copies stale. Checked against what was recorded, without walking the
-        module tree (~60 us for BERT-base, against ~450 us for one walk)."""
-        return (model.encoder is not self.encoder
+        pointer), another torch thread count: each makes the copies stale. Checked against what was
+        recorded, without walking the module tree (~60 us for BERT-base, against ~450 us for one walk)."""
+        return (model.encoder is not self.encoder or torch.get_num_threads() != self.threads
                 or any(d.get(k) is not v or (n is not None and len(v) != n) for d, k, v, n in self.parts)
                 or any(p.data_ptr() != ptr or _version(p) != version for p, ptr, version in self.params))
 
@@ -175,8 +263,8 @@ class _Packed:
                 total += block.qkv.weight.numel()
                 continue
             for linear in (block.qkv, block.out, block.ffn_in, block.ffn_out):
-                size = linear.weight.numel() * linear.weight.element_size()
-                total += size * (linear.packed is not None) + size * (linear is block.qkv)
+                total += linear.nbytes()  # its oneDNN copy, if any
+            total += block.qkv.weight.numel() * block.qkv.weight.element_size()  # the fused (3H, H) matrix
         return total
 
 
@@ -187,19 +275,19 @@ def _version(p: torch.Tensor):
         return None
 
 
-#: model -> {prepack_fp32: _Packed}. Beside the model, not in it: an opaque prepacked oneDNN tensor cannot
+#: model -> {fp32_kernel: _Packed}. Beside the model, not in it: an opaque prepacked oneDNN tensor cannot
 #: be deep-copied or pickled. Weak keys: an entry goes when its model does (the blocks refer to the
 #: model's LayerNorm modules, never to the model itself).
-_CACHE: "weakref.WeakKeyDictionary[BertModel, dict[bool, _Packed]]" = weakref.WeakKeyDictionary()
+_CACHE: "weakref.WeakKeyDictionary[BertModel, dict[str, _Packed]]" = weakref.WeakKeyDictionary()
 
 
-def _packed(model: BertModel, prepack_fp32: bool) -> _Packed:
+def _packed(model: BertModel, fp32_kernel: str) -> _Packed:
     entries = _CACHE.setdefault(model, {})
-    packed = entries.get(prepack_fp32)
+    packed = entries.get(fp32_kernel)
     if packed is None or packed.stale(model):
         warn_if_slow(model.dtype, model.device)  # once per process: bf16/fp16 without CPU support is slow
-        entries.pop(prepack_fp32, None)  # free the old copy before building the new one
-        packed = entries[prepack_fp32] = _Packed(model, prepack_fp32)
+        entries.pop(fp32_kernel, None)  # free the old copy before building the new one
+        packed = entries[fp32_kernel] = _Packed(model, fp32_kernel)
     return packed
 
 
@@ -210,7 +298,8 @@ def release(model: BertModel) -> None:
 
 def cached_bytes(model: BertModel) -> int:
     """Memory held by the fast path's weight copies for ``model`` (0 when none): the fused QKV matrices,
-    and in half precision (or with ``prepack_fp32``) the prepacked copies of every block weight."""
+    and the oneDNN copies of every block weight (fp32 ``"auto"`` where a summation block was found,
+    ``"onednn"``, half precision)."""
     return sum(packed.nbytes() for packed in _CACHE.get(model, {}).values())
 
 
@@ -219,14 +308,18 @@ class FastBert:
     ``BertOutput`` (zeros at padded positions). Where only the readable path can answer -- attention maps,
     hooks, training mode, torch.compile tracing -- it calls the model itself."""
 
-    def __init__(self, model: BertModel, *, prepack_fp32: bool = False):
+    def __init__(self, model: BertModel, *, fp32_kernel: str = "auto", prepack_fp32: bool = False):
         if not isinstance(model, BertModel):
             raise TypeError(f"fast.prepare takes a minibert BertModel, got {type(model).__name__}")
+        if fp32_kernel not in FP32_KERNELS:
+            raise InputError(f"fp32_kernel={fp32_kernel!r}: use one of {FP32_KERNELS}")
+        if prepack_fp32 and fp32_kernel != "auto":
+            raise InputError(f"prepack_fp32=True is fp32_kernel='onednn'; it cannot go with fp32_kernel={fp32_kernel!r}")
         self.model = model
-        self.prepack_fp32 = bool(prepack_fp32)
+        self.fp32_kernel = "onednn" if prepack_fp32 else fp32_kernel
 
     def __repr__(self) -> str:
-        return f"FastBert({getattr(self.model, 'source', 'model')}, prepack_fp32={self.prepack_fp32})"
+        return f"FastBert({getattr(self.model, 'source', 'model')}, fp32_kernel={self.fp32_kernel!r})"
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                  output_attentions=False, *, num_blocks=None, skip_blocks=()) -> BertOutput:
@@ -237,16 +330,19 @@ class FastBert:
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
         num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
-        blocks = _packed(model, self.prepack_fp32).blocks
+        blocks = _packed(model, self.fp32_kernel).blocks
         with torch.inference_mode():
             return _forward(model, blocks, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
                             skip_blocks)
 
 
-def prepare(model: BertModel, *, prepack_fp32: bool = False) -> FastBert:
+def prepare(model: BertModel, *, fp32_kernel: str = "auto", prepack_fp32: bool = False) -> FastBert:
     """The fast path for ``model``: ``fast = prepare(model); out = fast(**batch)``. Cheap to call again:
-    the weight copies are made on first use and shared by every FastBert of the same model and options."""
-    return FastBert(model, prepack_fp32=prepack_fp32)
+    the weight copies are made on first use and shared by every FastBert of the same model and options.
+    ``fp32_kernel``: ``"auto"`` (oneDNN in F.linear's summation order where this CPU has one, else
+    F.linear), ``"linear"`` (F.linear, no weight copies but the fused QKV) or ``"onednn"`` (oneDNN's own
+    order, fastest; ``prepack_fp32=True`` says the same) -- see the module docstring."""
+    return FastBert(model, fp32_kernel=fp32_kernel, prepack_fp32=prepack_fp32)
 
 
 def _forward(model, blocks, input_ids, attention_mask, token_type_ids, position_ids, num_blocks, skip_blocks):
@@ -308,7 +404,7 @@ class Stepper:
         if min(self.lengths) == 0:
             raise InputError("every row needs at least one real token")
         ids, tts, pos = (t.reshape(-1)[where] for t in (input_ids, token_type_ids, position_ids))
-        self.blocks = _packed(model, False).blocks
+        self.blocks = _packed(model, "auto").blocks
         self.T = T
         self.rows = torch.arange(B)
         self.workspace = _Workspace()
