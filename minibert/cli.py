@@ -497,7 +497,8 @@ def cmd_distill(args) -> int:
             temperature=args.temperature, alpha=args.alpha, hidden_weight=args.hidden_weight,
             attention_weight=args.attention_weight, layer_map=args.layer_map, text_column=args.text_column,
             pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
-            config=config, batch_size=args.batch_size, max_length=args.max_length, log=log)
+            config=config, batch_size=args.batch_size, max_length=args.max_length,
+            student_dropout=args.student_dropout, log=log)
         metric = "accuracy" if args.task == "classify" else "entity_f1"
         print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
               f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
@@ -511,7 +512,8 @@ def cmd_distill(args) -> int:
                            normalize=args.normalize, similarity_weight=args.similarity_weight,
                            hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
                            layer_map=args.layer_map, config=config, batch_size=args.batch_size,
-                           max_length=args.max_length, group_by_length=args.group_by_length, log=log)
+                           max_length=args.max_length, group_by_length=args.group_by_length,
+                           student_dropout=0.0 if args.student_dropout is None else args.student_dropout, log=log)
     best = run.history.epochs[run.history.best_epoch - 1]["eval"]
     print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
           f"texts: Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
@@ -798,6 +800,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-weight", type=float, default=0.0, help="weight of the hidden-state MSE (default 0)")
     p.add_argument("--attention-weight", type=float, default=0.0, help="weight of the attention KL (default 0)")
     p.add_argument("--layer-map", help="student:teacher hidden states, e.g. 1:2,2:4,3:6 (default uniform)")
+    p.add_argument("--student-dropout", type=float, help="the student's dropout while it trains (default: 0 in "
+                   "embedding mode, its own in task mode); the saved student keeps its own")
     p.add_argument("--epochs", type=_positive_int, default=3)
     p.add_argument("--lr", type=float, help="learning rate (default 5e-4 embeddings, 5e-5 task)")
     p.add_argument("--batch-size", type=int, default=32)

@@ -170,9 +170,15 @@ def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir
     student = distill.init_student(teacher, [0, 2, 4]).train()
     teacher_weights = {k: v.clone() for k, v in teacher.state_dict().items()}
     before = distill.embedding_agreement(distill.embed(teacher, tok, held), distill.embed(student, tok, held))
+    rates = []  # the dropout rate the student trains with (off by default), seen from inside its forward pass
+    hook = student.encoder.blocks[0].dropout.register_forward_pre_hook(
+        lambda module, args: rates.append((module.p, module.training)))
     history = distill.distill_embeddings(teacher, student, tok, texts, eval_texts=held, normalize=True,
                                          out_dir=tmp_path / "s", config=FitConfig(epochs=2, lr=3e-4, progress=False),
                                          batch_size=16, max_length=48)
+    hook.remove()
+    assert {p for p, training in rates if training} == {0.0}
+    assert student.encoder.blocks[0].dropout.p == 0.1 and student.config.hidden_dropout_prob == 0.1  # its own again
     assert history.epochs[-1]["train_loss"] < history.epochs[0]["train_loss"]
     best = history.epochs[history.best_epoch - 1]["eval"]
     assert best["spearman"] > before["spearman"] + 0.05
@@ -278,7 +284,8 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
                           ([], "give --texts"), (["--train", str(data)], "needs --eval"),
                           (["--texts", str(corpus), "--student-blocks", "0,x"], "--student-blocks"),
                           (["--texts", str(corpus), "--student-blocks", "0,9"], "student blocks"),
-                          (["--train", str(data), "--eval", str(data), "--group-by-length"], "embedding mode")):
+                          (["--train", str(data), "--eval", str(data), "--group-by-length"], "embedding mode"),
+                          (["--texts", str(corpus), "--student-dropout", "1"], "dropout p=1.0 must be")):
         out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--out", str(tmp_path / "e")] + argv,
                              capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)

@@ -283,6 +283,25 @@ def test_freeze_bottom_blocks(minilm_dir, batch):
         S.freeze(model, blocks=7)
 
 
+def test_dropout_context_sets_every_dropout_and_gives_them_back(minilm_dir, batch):
+    model = BertModel.from_pretrained(minilm_dir).train()
+    rates = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert rates and all(r == 0.1 for r in rates)  # all-MiniLM-L6-v2's config: 0.1 everywhere
+    with torch.no_grad():
+        with S.dropout(model, 0.0):
+            assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+            assert all(block.attn.dropout_p == 0.0 for block in model.encoder.blocks)
+            once, twice = model(**batch), model(**batch)  # training mode, yet deterministic
+            assert torch.equal(once.last_hidden_state, twice.last_hidden_state)
+        assert [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)] == rates
+        assert all(block.attn.dropout_p == 0.1 for block in model.encoder.blocks)
+        assert not torch.equal(model(**batch).last_hidden_state, model(**batch).last_hidden_state)
+    assert model.config.hidden_dropout_prob == 0.1  # the config is never touched
+    with pytest.raises(ValueError, match=r"dropout p=1\.5 must be a number in \[0, 1\)"):
+        with S.dropout(model, 1.5):
+            pass
+
+
 # ------------------------------------------------------------------------------------------ accounting
 def test_parameter_counts_match_transformers_for_bert_base():
     reference = transformers.BertModel(hf_config(**BASE))

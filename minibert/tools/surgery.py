@@ -5,12 +5,15 @@
     student = keep_blocks(model, range(1, 12, 2))  # every other block of BERT-base: a 6-block model
     freeze(student, embeddings=True, blocks=2)     # train only blocks 2.. (and the pooler)
     student.save_pretrained("student")             # config.json says 6 layers; transformers loads it
+    with dropout(student, 0.0):                    # every dropout off while training, its own p after
+        ...
 
 Copies are real copies: training the new model never changes the old one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
@@ -18,7 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..inputs import check_index
-from ..model import BertModel
+from ..model import BertModel, MultiHeadSelfAttention
 
 
 def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
@@ -78,3 +81,31 @@ def unfreeze(model: BertModel) -> BertModel:
     for p in model.parameters():
         p.requires_grad_(True)
     return model
+
+
+@contextlib.contextmanager
+def dropout(model: torch.nn.Module, p: float):
+    """Every dropout of ``model`` -- after the embeddings, on the attention probabilities, on each
+    residual branch, in a task head -- at probability ``p`` inside the ``with`` block, and the model's own
+    probabilities back after it. The config is not touched, so a model saved inside keeps its own."""
+    check_dropout(p)
+    saved = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            saved.append((module, "p", module.p))
+            module.p = float(p)
+        if isinstance(module, MultiHeadSelfAttention):  # its fused kernel reads dropout_p
+            saved.append((module, "dropout_p", module.dropout_p))
+            module.dropout_p = float(p)
+    try:
+        yield model
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def check_dropout(p) -> float:
+    """``p`` as a dropout probability, or an InputError naming it: a number in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+        raise InputError(f"dropout p={p!r} must be a number in [0, 1)")
+    return float(p)

@@ -30,6 +30,7 @@ map i -> i * N / M of TinyBERT, the student's last state on the teacher's last):
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -46,7 +47,7 @@ from ..model import BertModel
 from ..tokenizer import BertTokenizer
 from ..tools import fast
 from ..tools.batching import collate, plan_batches
-from ..tools.surgery import keep_blocks
+from ..tools.surgery import check_dropout, dropout, keep_blocks
 from . import metrics
 from .data import _epoch_rows, classification_batches, tag_words, tagging_batches
 from .datasets import read_table, read_tagged
@@ -348,13 +349,18 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
                        similarity_weight: float = 0.0, hidden_weight: float = 0.0, attention_weight: float = 0.0,
                        layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=5e-4),
                        batch_size: int = 32, max_length: int | None = 128, group_by_length: bool = False,
-                       out_dir=None, log: Callable[[str], None] | None = None) -> History:
+                       student_dropout: float | None = 0.0, out_dir=None,
+                       log: Callable[[str], None] | None = None) -> History:
     """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
     epoch, with ``eval_texts``, the two models' agreement on them (``embedding_agreement``); the epoch
     with the best Spearman agreement is kept in ``out_dir``. ``group_by_length``: batches of similar
-    lengths (``text_batches``), less padding to compute."""
+    lengths (``text_batches``), less padding to compute. ``student_dropout``: every dropout of the student
+    at this probability while it trains (0: off -- a regression onto a deterministic teacher fits better
+    without that noise; measured in README), its own again afterwards; None leaves it as it is."""
     if eval_texts is not None and len(eval_texts) < 3:
         raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement needs at least 3")
+    if student_dropout is not None:
+        check_dropout(student_dropout)
     distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=normalize,
                                    similarity_weight=similarity_weight, hidden_weight=hidden_weight,
                                    attention_weight=attention_weight, layer_map=layer_map)
@@ -367,8 +373,14 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
                                                         max_length=max_length), k=min(10, len(eval_texts) - 1))
     batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed,
                            group_by_length=group_by_length)
-    return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
-               out_dir=out_dir, on_epoch_end=_reporter(log, config))
+    with _dropout(student, student_dropout):
+        return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
+                   out_dir=out_dir, on_epoch_end=_reporter(log, config))
+
+
+def _dropout(student, p: float | None):
+    """``surgery.dropout(student, p)``, or nothing when p is None."""
+    return contextlib.nullcontext() if p is None else dropout(student, p)
 
 
 def _reporter(log, config):
@@ -395,12 +407,14 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                    attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
                    config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
                    max_length: int | None = 128, group_by_length: bool = False,
-                   log: Callable[[str], None] | None = None) -> CorpusRun:
+                   student_dropout: float | None = 0.0, log: Callable[[str], None] | None = None) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
     every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, measure the agreement
     before, distil, and write the best student with the tokenizer to ``out_dir``."""
     from ..loading import copy_tokenizer
 
+    if student_dropout is not None:
+        check_dropout(student_dropout)
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise InputError("no non-empty text to distil on")
@@ -424,7 +438,8 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                                  normalize=normalize, similarity_weight=similarity_weight,
                                  hidden_weight=hidden_weight, attention_weight=attention_weight,
                                  layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
-                                 group_by_length=group_by_length, out_dir=out_dir, log=log)
+                                 group_by_length=group_by_length, student_dropout=student_dropout,
+                                 out_dir=out_dir, log=log)
     copy_tokenizer(teacher_source, out_dir)
     return CorpusRun(history, before, blocks, len(eval_texts), split)
 
@@ -446,13 +461,18 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
                  attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None, text_column: str = "text",
                  pair_column: str | None = None, label_column: str = "label", tag_column: str = "upos",
                  config: FitConfig = FitConfig(), batch_size: int = 16, max_length: int = 128,
+                 student_dropout: float | None = None,
                  log: Callable[[str], None] | None = print) -> tuple[History, dict]:
     """Distil a fine-tuned classifier (``task="classify"``) or tagger (``"tag"``) into a student made of
     ``student_blocks`` of its blocks; the student is evaluated after each epoch as ``minibert finetune``
     evaluates (accuracy / entity F1), the best epoch saved in ``out_dir`` with the tokenizer. Returns the
-    history and the teacher's score on the same evaluation data."""
+    history and the teacher's score on the same evaluation data. ``student_dropout``: as in
+    ``distill_embeddings``; None (here the default) keeps the student's own dropout, which regularises a
+    classifier trained on few labels."""
     if task not in ("classify", "tag"):
         raise InputError(f"task {task!r}: distillation with soft targets takes 'classify' or 'tag'")
+    if student_dropout is not None:
+        check_dropout(student_dropout)
     cls = BertForSequenceClassification if task == "classify" else BertForTokenClassification
     teacher = cls.from_pretrained(teacher_source).eval()
     tokenizer = BertTokenizer.from_pretrained(teacher_source)
@@ -489,8 +509,9 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
             + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
     distiller = TaskDistiller(teacher, student, temperature=temperature, alpha=alpha, hidden_weight=hidden_weight,
                               attention_weight=attention_weight, layer_map=layer_map)
-    history = fit(distiller, batches, config=config, evaluate=lambda m: score(m.student), metric=metric,
-                  out_dir=out_dir, on_epoch_end=_reporter(log, config))
+    with _dropout(student, student_dropout):
+        history = fit(distiller, batches, config=config, evaluate=lambda m: score(m.student), metric=metric,
+                      out_dir=out_dir, on_epoch_end=_reporter(log, config))
     copy_tokenizer(teacher_source, out_dir)
     return history, teacher_score
 
