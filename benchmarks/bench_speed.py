@@ -14,8 +14,9 @@ Parts (``--parts``, all by default); numbers go to benchmarks/results/speed.json
 * ``int8``: dense 8 x 128 and 1 x 16 on BERT-base geometry and MiniLM: transformers fp32 vs minibert fp32
   (fast) vs minibert int8 (fast); ONNX Runtime's int8 dynamic quantisation of transformers' model when
   ``onnxruntime`` and ``onnx`` are installed (otherwise the row says so). Accuracy: ``minibert parity
-  --dtype int8`` numbers (per-layer error, sentence cosine) for both models, and TREC-6 test accuracy of the
-  fine-tuned MiniLM classifier of benchmarks/bench_distill.py (its ``trec-teacher`` run) in fp32 and int8.
+  --dtype int8`` numbers (per-layer error, sentence cosine) for both models.
+* ``trec``: TREC-6 test accuracy of the fine-tuned MiniLM classifier of benchmarks/bench_distill.py (its
+  ``trec-teacher``, made by ``--parts task``) in fp32 and int8; untimed, so it may run beside other work.
 
     python benchmarks/bench_speed.py                # ~10 minutes on 2 cores
     python benchmarks/bench_speed.py --quick        # fewer rounds
@@ -199,8 +200,14 @@ def part_int8(args, work, results):
     results["int8"] = {"speed": rows, "parity": accuracy,
                        "onnxruntime": "measured (transformers' model exported with torch.onnx, quantised by "
                        "onnxruntime.quantization.quantize_dynamic, QInt8 weights)" if any("onnxruntime int8" in r for r in rows)
-                       else "; ".join(results.get("onnx_errors", [])) or "not installed (pip install onnxruntime onnx): no row",
-                       "trec": {"fp32": trec_accuracy(TEACHER, None), "int8": trec_accuracy(TEACHER, "int8")}}
+                       else "; ".join(results.get("onnx_errors", [])) or "not installed (pip install onnxruntime onnx): no row"}
+
+
+def part_trec(args, work, results):
+    """TREC-6 test accuracy of bench_distill's fine-tuned teacher in fp32 and int8 (untimed)."""
+    results["trec"] = {"fp32": trec_accuracy(TEACHER, None), "int8": trec_accuracy(TEACHER, "int8")}
+    if results["trec"]["fp32"] is None:
+        print(f"  no fine-tuned classifier at {TEACHER}: run benchmarks/bench_distill.py --parts task first", flush=True)
 
 
 def onnx_int8(directory: Path, work: Path):
@@ -275,17 +282,17 @@ def markdown(results: dict) -> str:
                 "|---|---|---|---|---|---|"]
         out += [f"| {a['model']} | {a['worst_layer_max']:.3f} | {a['last_layer_mean']:.4f} | {a['cosine_min']:.4f} | "
                 f"{a['cosine_mean']:.4f} | {'yes' if a['ok'] else 'no'} |" for a in r8["parity"]]
-        t = r8["trec"]
-        if t["fp32"] is not None:
-            out += ["", f"TREC-6 test accuracy of the fine-tuned MiniLM classifier: fp32 {t['fp32']:.4f}, int8 "
-                    f"{t['int8']:.4f} ({(t['int8'] - t['fp32']) * 100:+.1f} points)."]
         out.append("")
+    t = results.get("trec", {})
+    if t.get("fp32") is not None:
+        out += [f"TREC-6 test accuracy of the fine-tuned MiniLM classifier: fp32 {t['fp32']:.4f}, int8 "
+                f"{t['int8']:.4f} ({(t['int8'] - t['fp32']) * 100:+.1f} points).", ""]
     return "\n".join(out)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="latency,int8")
+    parser.add_argument("--parts", default="latency,int8,trec")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
@@ -298,7 +305,7 @@ def main():
     work.mkdir(exist_ok=True)
     for part in args.parts.split(","):
         print(f"part {part}", flush=True)
-        {"latency": part_latency, "int8": part_int8}[part](args, work, results)
+        {"latency": part_latency, "int8": part_int8, "trec": part_trec}[part](args, work, results)
         path.write_text(json.dumps(results, indent=2) + "\n")
         (path.with_suffix(".md")).write_text(markdown(results))
     print(markdown(results))
