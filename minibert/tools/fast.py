@@ -106,8 +106,9 @@ _BLOCKS: dict[tuple, int | None] = {}
 def summation_block(out_features: int, in_features: int) -> int | None:
     """The inner block k for which oneDNN's fp32 products, summed block by block (``_blocked_linear``),
     equal ``F.linear``'s bit for bit on this CPU and thread count, or None. Found by trying the whole
-    width, then each narrower ``_BLOCK_SIZES`` (the last block takes the rest), on random (16 and 64, in)
-    inputs and an (out, in) weight; remembered per process."""
+    width, then each narrower ``_BLOCK_SIZES`` (the last block takes the rest), on random (16, 64 and
+    300, in) inputs -- few rows, and one tile's worth, as ``_blocked_linear`` cuts many -- and an (out, in)
+    weight; remembered per process."""
     key = (out_features, in_features, torch.get_num_threads())
     if key not in _BLOCKS:
         _BLOCKS[key] = None
@@ -115,7 +116,7 @@ def summation_block(out_features: int, in_features: int) -> int | None:
             g = torch.Generator().manual_seed(0)
             w = torch.randn(out_features, in_features, generator=g)
             b = torch.randn(out_features, generator=g)
-            xs = [torch.randn(m, in_features, generator=g) for m in (16, 64)]
+            xs = [torch.randn(m, in_features, generator=g) for m in (16, 64, 300)]  # 300: a tile
             with torch.inference_mode():
                 wanted = [F.linear(x, w, b) for x in xs]
                 for k in (in_features,) + tuple(c for c in _BLOCK_SIZES if c < in_features):
