@@ -5,13 +5,17 @@ Parts (``--parts``, all by default), each writing its numbers into benchmarks/re
 table into distill.md; finished runs are kept in ``--workdir`` (default benchmarks/results/distill-runs.tmp,
 git-ignored) and reused, so a part can be rerun alone:
 
-* ``embeddings``: MiniLM (6 blocks) -> 3 blocks (0, 2, 4) by sentence-embedding distillation on 22,703
-  unlabelled sentences (data/sentences, from the VADER archive), and on those plus 60,457 public-domain
-  ones (data/corpus: State of the Union addresses and Moby-Dick, ``fetch_data.py --corpus``) in batches
-  grouped by length; agreement with the teacher on 1,000 held-out sentences (Spearman of the pairwise
-  cosines, top-10 neighbour overlap) before and after; speed-up of the student's embeddings (fast path,
-  batch 32, median of alternating rounds). ``--runs NAME,...`` (re)trains only those runs; the others keep
-  their numbers from distill.json.
+* ``embeddings``: MiniLM (6 blocks) -> 3 blocks by sentence-embedding distillation: blocks 0, 2, 4 (3 epochs)
+  on 22,703 unlabelled sentences (data/sentences, from the VADER archive), and on those plus 60,457
+  public-domain ones (data/corpus: State of the Union addresses and Moby-Dick, ``fetch_data.py --corpus``)
+  in batches grouped by length, both with the student's dropout on; then what the probes below found --
+  blocks 0, 2, 5, dropout off -- on those plus 267,171 more (data/more: Tatoeba, WikiText-2, tweets,
+  ``fetch_data.py --more``), 2 epochs. Agreement with the teacher on 1,000 held-out sentences (Spearman of the
+  pairwise cosines, top-10 neighbour overlap) before and after; speed-up of the student's embeddings
+  (fast path, batch 32, median of alternating rounds). ``--runs 'NAME;...'`` (names split at ';', as they hold commas) (re)trains only those runs;
+  the others keep their numbers from distill.json.
+* ``probes``: one epoch each on the 22,703 sentences, one change at a time (``PROBES``: which blocks,
+  dropout, learning rate, batch size, hidden-state / attention / cosine-matrix terms).
 * ``task``: a MiniLM classifier fine-tuned on TREC-6 (the teacher) -> 3 blocks by task distillation (soft
   targets T = 2, alpha = 0.5); against the same 3 blocks fine-tuned without a teacher; speed-up of the
   classifier on the 500 test questions.
@@ -20,7 +24,7 @@ git-ignored) and reused, so a part can be rerun alone:
 * ``exits``: early exits on the frozen teacher; accuracy / average blocks / wall time over entropy
   thresholds and patience.
 
-    python data/fetch_data.py && python benchmarks/bench_distill.py        # ~1.5 hours on 2 cores
+    python data/fetch_data.py --corpus --more && python benchmarks/bench_distill.py    # ~6 hours on 2 cores
     python benchmarks/bench_distill.py --quick                              # slices, ~6 minutes (smoke run)
 """
 
@@ -39,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "data"))
 
-from fetch_data import fetch_corpus, fetch_sentences, fetch_trec  # noqa: E402
+from fetch_data import fetch_corpus, fetch_more, fetch_sentences, fetch_trec  # noqa: E402
 
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
@@ -50,7 +54,7 @@ from minibert.training.datasets import read_table  # noqa: E402
 from minibert.training.loop import FitConfig  # noqa: E402
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
-PARTS = ("embeddings", "task", "layerdrop", "exits")
+PARTS = ("embeddings", "probes", "task", "layerdrop", "exits")
 MAX_LENGTH, BATCH = 64, 16  # TREC fine-tuning, as benchmarks/bench_finetune.py
 
 
@@ -86,17 +90,21 @@ def best_accuracy(directory: Path) -> tuple[float, int]:
     return history["best_metric"], history["best_epoch"]
 
 
-# ------------------------------------------------------------------------------------------------ parts
-def part_embeddings(args, results):
+def embedding_setup(args):
+    """The VADER training and held-out sentences (slices with --quick), the teacher and its tokenizer."""
     sentences = fetch_sentences()
     texts = lines(sentences / "train.txt", 2000 if args.quick else None)
     held = lines(sentences / "held.txt", 200 if args.quick else None)
-    teacher = BertModel.from_pretrained(MODEL, mlm_head=False).eval()
-    tokenizer = BertTokenizer.from_pretrained(MODEL)
+    return texts, held, BertModel.from_pretrained(MODEL, mlm_head=False).eval(), BertTokenizer.from_pretrained(MODEL)
+
+
+# ------------------------------------------------------------------------------------------------ parts
+def part_embeddings(args, results):
+    texts, held, teacher, tokenizer = embedding_setup(args)
     reference = distill.embed(teacher, tokenizer, held, max_length=128)
     earlier = {run["name"]: run for run in results.get("embeddings", {}).get("runs", [])}
     out = {"train_texts": len(texts), "held_texts": len(held), "runs": []}
-    for blocks in ([0, 2, 4], [1, 3, 5]):
+    for blocks in ([0, 2, 4], [1, 3, 5], [0, 2, 5]):
         student = distill.init_student(teacher, blocks)
         before = distill.embedding_agreement(reference, distill.embed(student, tokenizer, held, max_length=128))
         out.setdefault("before", {})[str(blocks)] = before
@@ -108,17 +116,20 @@ def part_embeddings(args, results):
                 and name not in args.runs:
             out["runs"].append(earlier[name])  # not asked for: its numbers from the last full run
             continue
+        blocks = options.pop("blocks", [0, 2, 4])
         run_texts = texts + (lines(fetch_corpus() / "train.txt", 4000 if args.quick else None)
                              if options.pop("corpus", False) else [])
+        run_texts += lines(fetch_more() / "train.txt", 4000 if args.quick else None) if options.pop("more", False) else []
+        epochs = 1 if args.quick else options.pop("epochs", args.embedding_epochs)
+        options.pop("epochs", None)
         if not (directory / "metrics.json").exists():
-            student = distill.init_student(teacher, [0, 2, 4]).train()
+            student = distill.init_student(teacher, blocks).train()
             distill.distill_embeddings(teacher, student, tokenizer, run_texts, eval_texts=held, out_dir=directory,
-                                       config=FitConfig(epochs=args.embedding_epochs, lr=options.pop("lr"),
-                                                        progress=False),
+                                       config=FitConfig(epochs=epochs, lr=options.pop("lr"), progress=False),
                                        batch_size=32, max_length=128, log=print, **options)
         history = json.loads((directory / "metrics.json").read_text())
         best = history["epochs"][history["best_epoch"] - 1]
-        out["runs"].append({"name": name, "train_texts": len(run_texts), "cpu": cpu_info()[0],
+        out["runs"].append({"name": name, "blocks": blocks, "train_texts": len(run_texts), "cpu": cpu_info()[0],
                             "best_epoch": history["best_epoch"],
                             **best["eval"], "by_epoch": [e["eval"]["spearman"] for e in history["epochs"]],
                             "seconds_per_epoch": statistics.mean(e["seconds"] for e in history["epochs"])})
@@ -135,6 +146,44 @@ def part_embeddings(args, results):
                     "speedup_32": times["teacher_32"] / times["student_32"],
                     "speedup_1": times["teacher_1"] / times["student_1"]}
     results["embeddings"] = out
+
+
+BIG_RUN = "top block kept, dropout off, + corpus + 267,171 more sentences, grouped by length"
+#: one epoch each on the 22,703 sentences, blocks 0, 2, 4 with dropout unless said: what moves the agreement
+PROBES = [("blocks 0, 2, 4 (baseline)", {"student_dropout": None}),
+          ("+ last hidden states (MSE, weight 0.01, map 3:6)", {"student_dropout": None, "hidden_weight": 0.01,
+                                                                 "layer_map": {3: 6}}),
+          ("+ last hidden states (MSE, weight 0.05, map 3:6)", {"student_dropout": None, "hidden_weight": 0.05,
+                                                                 "layer_map": {3: 6}}),
+          ("lr 1e-3", {"student_dropout": None, "lr": 1e-3}),
+          ("+ in-batch cosine matrix (weight 0.05)", {"student_dropout": None, "similarity_weight": 0.05}),
+          ("blocks 0, 2, 5", {"student_dropout": None, "blocks": [0, 2, 5]}),
+          ("blocks 0, 3, 5", {"student_dropout": None, "blocks": [0, 3, 5]}),
+          ("blocks 1, 3, 5", {"student_dropout": None, "blocks": [1, 3, 5]}),
+          ("blocks 0, 1, 5", {"student_dropout": None, "blocks": [0, 1, 5]}),
+          ("blocks 0, 2, 5, + last-block attention (KL, weight 0.1, map 3:6)",
+           {"student_dropout": None, "blocks": [0, 2, 5], "attention_weight": 0.1, "layer_map": {3: 6}}),
+          ("blocks 0, 2, 5, dropout off", {"blocks": [0, 2, 5]}),
+          ("blocks 0, 2, 5, dropout off, lr 1e-3", {"blocks": [0, 2, 5], "lr": 1e-3}),
+          ("blocks 0, 2, 5, dropout off, batches of 64, lr 7e-4", {"blocks": [0, 2, 5], "lr": 7e-4, "batch_size": 64}),
+          ("blocks 0, 2, 5, dropout off, lr 3e-4", {"blocks": [0, 2, 5], "lr": 3e-4})]
+
+
+def part_probes(args, results):
+    """Each of PROBES: 1 epoch on the 22,703 sentences, agreement on the 1,000 held-out ones."""
+    texts, held, teacher, tokenizer = embedding_setup(args)
+    rows = []
+    for name, options in PROBES:
+        options = {"normalize": True, "lr": 5e-4, "student_dropout": 0.0, "batch_size": 32, **options}
+        directory = args.workdir / ("probe-" + "".join(c if c.isalnum() else "-" for c in name))
+        if not (directory / "metrics.json").exists():
+            student = distill.init_student(teacher, options.pop("blocks", [0, 2, 4])).train()
+            distill.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, out_dir=directory,
+                                       config=FitConfig(epochs=1, lr=options.pop("lr"), progress=False),
+                                       max_length=128, log=print, **options)
+        epoch = json.loads((directory / "metrics.json").read_text())["epochs"][0]
+        rows.append({"name": name, **epoch["eval"], "seconds": epoch["seconds"]})
+    results["probes"] = {"train_texts": len(texts), "held_texts": len(held), "rows": rows}
 
 
 def part_task(args, results):
@@ -233,8 +282,8 @@ def markdown(results: dict) -> str:
     if "embeddings" in results:
         e = results["embeddings"]
         md += ["## Sentence-embedding distillation: 6 -> 3 blocks", "",
-               f"Student: teacher blocks 0, 2, 4; trained on {e['train_texts']:,} unlabelled sentences (and, where "
-               "said, the public-domain corpus too), agreement measured on "
+               f"Students: the teacher blocks named; trained on {e['train_texts']:,} unlabelled sentences (and, where "
+               "said, the larger corpora too), agreement measured on "
                f"{e['held_texts']:,} held-out ones (Spearman of all pairwise cosine similarities; "
                "share of each sentence's 10 nearest neighbours both models agree on).", "",
                "| student | training texts | Spearman | by epoch | top-10 overlap | best epoch | s / epoch |",
@@ -245,7 +294,8 @@ def markdown(results: dict) -> str:
         for run in e["runs"]:
             by_epoch = " / ".join(f"{v:.3f}" for v in run.get("by_epoch", [])) or "-"
             where = f" ({run['cpu']})" if run.get("cpu") else ""  # runs kept from an earlier machine say which
-            md.append(f"| 0, 2, 4 distilled: {run['name']} | {run.get('train_texts', e['train_texts']):,} | "
+            blocks = ", ".join(map(str, run.get("blocks", [0, 2, 4])))
+            md.append(f"| {blocks} distilled: {run['name']} | {run.get('train_texts', e['train_texts']):,} | "
                       f"**{run['spearman']:.4f}** | {by_epoch} | {run['top_k_overlap']:.3f} | "
                       f"{run['best_epoch']} | {run['seconds_per_epoch']:.0f}{where} |")
         s = e["speed"]
@@ -253,6 +303,16 @@ def markdown(results: dict) -> str:
                f"{e['held_texts']} held-out sentences **{s['speedup_corpus']:.2f}x** ({s['teacher_corpus']:.2f} s -> "
                f"{s['student_corpus']:.2f} s), one batch of 32 {s['speedup_32']:.2f}x, one sentence "
                f"{s['speedup_1']:.2f}x.", ""]
+    if "probes" in results:
+        pr = results["probes"]
+        md += ["## What moves the agreement: one-epoch probes", "",
+               f"One epoch each on the {pr['train_texts']:,} sentences (MSE of unit vectors, lr 5e-4, batches of 32, "
+               f"the student's dropout 0.1, unless the row says otherwise); agreement on the {pr['held_texts']:,} "
+               "held-out sentences." + (f" {pr['measured_by']}" if pr.get("measured_by") else ""), "",
+               "| probe | Spearman | top-10 overlap | seconds |", "|---|---|---|---|"]
+        md += [f"| {r['name']} | {r['spearman']:.4f} | {r['top_k_overlap']:.3f} | {r['seconds']:.0f} |"
+               for r in pr["rows"]]
+        md.append("")
     if "task" in results:
         t = results["task"]
         md += ["## Task distillation: TREC-6", "",
@@ -295,7 +355,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="slices of the data, one epoch: a smoke run")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--runs", help="embeddings part: only these runs (by name) are trained; the others "
+    parser.add_argument("--runs", help="embeddings part: only these runs (by name, ';' between names) are trained; the others "
                         "keep their numbers from distill.json")
     parser.add_argument("--ld-epochs", type=int, help="epochs of the LayerDrop run (default: as the teacher, 3)")
     args = parser.parse_args()
@@ -308,10 +368,16 @@ def main():
     args.p = 0.2
     # lr 5e-4 beat 2e-4 (0.778 vs 0.769 after 1 epoch on 3,000 sentences); an added cosine-matrix term
     # (similarity_weight 1: 0.655) or hidden-state term (hidden_weight 1: 0.538) did worse there
-    args.embedding_runs = [("MSE on unit vectors, lr 5e-4", {"normalize": True, "lr": 5e-4}),
+    # the first two ran with the student's own dropout (0.1), as distillation did before student_dropout
+    args.embedding_runs = [("MSE on unit vectors, lr 5e-4", {"normalize": True, "lr": 5e-4, "student_dropout": None}),
                            ("same, + 60,457 corpus sentences, batches grouped by length",
-                            {"normalize": True, "lr": 5e-4, "corpus": True, "group_by_length": True})]
-    args.runs = None if args.runs is None else [r.strip() for r in args.runs.split(",")]
+                            {"normalize": True, "lr": 5e-4, "corpus": True, "group_by_length": True,
+                             "student_dropout": None}),
+                           # what the probes found: the top block kept, dropout off; and far more text
+                           (BIG_RUN, {"blocks": [0, 2, 5], "normalize": True, "lr": 5e-4, "corpus": True, "more": True,
+                                      "group_by_length": True, "student_dropout": 0.0,
+                                      "epochs": 2})]  # 2 x 350,331 texts: ~1.5 hours on 2 cores
+    args.runs = None if args.runs is None else [r.strip() for r in args.runs.split(";") if r.strip()]
     unknown = sorted(set(args.runs or ()) - {name for name, _ in args.embedding_runs})
     if unknown:
         parser.error(f"--runs: {unknown} not among {[name for name, _ in args.embedding_runs]}")
