@@ -482,6 +482,8 @@ def cmd_distill(args) -> int:
         raise InputError("task distillation needs --eval (held-out data in the --train format)")
     if args.train is not None and args.group_by_length:
         raise InputError("--group-by-length is for embedding mode (--texts); task distillation batches as finetune")
+    if args.train is not None and args.augment:
+        raise InputError("--augment is for embedding mode (--texts): task distillation trains on labelled rows")
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
     lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
     if lr <= 0:
@@ -513,7 +515,8 @@ def cmd_distill(args) -> int:
                            hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
                            layer_map=args.layer_map, config=config, batch_size=args.batch_size,
                            max_length=args.max_length, group_by_length=args.group_by_length,
-                           student_dropout=0.0 if args.student_dropout is None else args.student_dropout, log=log)
+                           student_dropout=0.0 if args.student_dropout is None else args.student_dropout,
+                           augment=args.augment, log=log)
     best = run.history.epochs[run.history.best_epoch - 1]["eval"]
     print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
           f"texts: Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
@@ -788,6 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedding mode: weight of the MSE between in-batch cosine similarities (default 0)")
     p.add_argument("--group-by-length", action="store_true",
                    help="embedding mode: batches of texts of similar length (less padding, faster epochs)")
+    p.add_argument("--augment", type=int, default=0, metavar="N",
+                   help="embedding mode: add N texts made from --texts (crops, pairs, word dropout; default 0)")
     p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
     p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
     p.add_argument("--task", choices=["classify", "tag"], default="classify")

@@ -219,6 +219,63 @@ def test_length_grouped_batches_cover_every_text_once_with_less_padding(minilm_d
         assert all(torch.equal(want[k], batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
 
 
+def _made_from(text: str, sources: list[list[str]]) -> str:
+    """Which kind of augment_texts' new text this is: a crop, a dropout, a pair (or '' if none)."""
+    words = text.split()
+    for src in sources:
+        if any(src[i:i + len(words)] == words for i in range(len(src) - len(words) + 1)):
+            return "crop" if len(words) < len(src) else "whole"  # a dropout that happened to drop nothing
+    for a in sources:
+        if words[:len(a)] == a and words[len(a):] in sources:
+            return "pair"
+    for src in sources:  # an ordered subsequence of one text
+        rest = iter(src)
+        if len(words) < len(src) and all(w in rest for w in words):
+            return "dropout"
+    return ""
+
+
+def test_augmented_texts_are_crops_pairs_and_dropouts_of_the_given_ones():
+    texts = [f"w{i}a w{i}b w{i}c w{i}d w{i}e w{i}f w{i}g w{i}h" for i in range(30)] + ["solo"]
+    sources = [t.split() for t in texts]
+    made = distill.augment_texts(texts + ["", "  "], 300, seed=4)
+    assert len(made) == 300 and made == distill.augment_texts(texts + ["", "  "], 300, seed=4)
+    assert made != distill.augment_texts(texts, 300, seed=5)
+    kinds = [_made_from(t, sources) for t in made]
+    assert "" not in kinds, [t for t, k in zip(made, kinds) if not k][:3]
+    counts = {k: kinds.count(k) for k in set(kinds)}
+    assert counts["crop"] > 60 and counts["pair"] > 60 and counts["dropout"] + counts["whole"] > 60, counts
+    assert counts["whole"] < counts["dropout"]  # 8 words each kept with 0.85: nothing dropped in 27 %
+    assert all(len(t.split()) >= 3 for t, k in zip(made, kinds) if k == "crop")
+    # texts too short to crop or thin become pairs
+    assert {_made_from(t, [["solo"]]) for t in distill.augment_texts(["solo"], 9)} == {"pair"}
+    assert distill.augment_texts(texts, 0) == []
+    for bad, message in (((["", " "], 5), "no non-empty text"), ((texts, -1), "n (texts to make)"),
+                         ((texts, 5, 1.0), "drop=1.0")):
+        args = bad[:2]
+        kwargs = {"drop": bad[2]} if len(bad) == 3 else {}
+        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            distill.augment_texts(*args, **kwargs)
+
+
+def test_distill_corpus_augments_after_holding_out(tiny_encoder_dir, tmp_path, monkeypatch):
+    seen = {}
+
+    def record(teacher, student, tokenizer, texts, *, eval_texts, **kwargs):
+        seen["train"], seen["held"] = list(texts), list(eval_texts)
+    monkeypatch.setattr(distill, "distill_embeddings", record)
+    texts = [f"sentence {i} tells of the river bank and the boat" for i in range(60)]
+    distill.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", student_blocks=[0, 2], augment=50)
+    held = set(seen["held"])
+    assert len(held) == 3 and len(seen["train"]) == 57 + 50
+    plain = seen["train"][:57]
+    assert set(plain) == set(texts) - held
+    made_words = {w for t in seen["train"][57:] for w in t.split()}
+    assert not made_words & {t.split()[1] for t in held}  # nothing made from a held-out sentence
+    with pytest.raises(InputError, match="augment"):
+        distill.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", augment=-3)
+
+
 def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_path):
     texts, labels = toy(64, seed=1)
     path = tmp_path / "train.csv"
@@ -266,7 +323,8 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
                                 for w in ("bank",)) + "\n")
     run = [sys.executable, "-m", "minibert"]
     out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--texts", str(corpus), "--out",
-                                str(tmp_path / "emb"), "--student-blocks", "1,3", "--epochs", "1", "--quiet"],
+                                str(tmp_path / "emb"), "--student-blocks", "1,3", "--epochs", "1", "--quiet",
+                                "--augment", "20"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "agreement with the teacher on 3 held-out texts" in out.stdout and "blocks [1, 3] of" in out.stdout
@@ -285,7 +343,9 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
                           (["--texts", str(corpus), "--student-blocks", "0,x"], "--student-blocks"),
                           (["--texts", str(corpus), "--student-blocks", "0,9"], "student blocks"),
                           (["--train", str(data), "--eval", str(data), "--group-by-length"], "embedding mode"),
-                          (["--texts", str(corpus), "--student-dropout", "1"], "dropout p=1.0 must be")):
+                          (["--texts", str(corpus), "--student-dropout", "1"], "dropout p=1.0 must be"),
+                          (["--train", str(data), "--eval", str(data), "--augment", "5"], "--augment is for"),
+                          (["--texts", str(corpus), "--augment", "-1"], "augment (texts to make)")):
         out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--out", str(tmp_path / "e")] + argv,
                              capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)

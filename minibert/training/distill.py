@@ -298,6 +298,38 @@ def text_batches(tokenizer, texts: Sequence[str], *, batch_size: int = 32, max_l
     return batches
 
 
+def augment_texts(texts: Sequence[str], n: int, *, seed: int = 0, drop: float = 0.15) -> list[str]:
+    """``n`` new texts made from ``texts``, for embedding distillation when unlabelled text like the texts
+    the student will see is scarce (the teacher labels whatever it is given, so any text like them is
+    training data). In turn: a crop (a contiguous run of 50-90 % of a text's words, at least 3), a pair
+    (two texts joined by a space), a word dropout (each word dropped with probability ``drop``, at least 2
+    kept); where a text is too short for a crop or a dropout, a pair instead. Deterministic given ``seed``;
+    shuffled. Make them from the training texts only: made from held-out texts they would leak into
+    training."""
+    pool_ = [t.split() for t in texts if t.strip()]
+    if not pool_:
+        raise InputError("augment_texts: no non-empty text to make new ones from")
+    check_index("n (texts to make)", n, 0, 10**9)
+    if not 0 <= drop < 1:
+        raise InputError(f"drop={drop!r} must be in [0, 1)")
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        words, made = rng.choice(pool_), None
+        if i % 3 == 0 and len(words) >= 4:  # a crop
+            size = max(3, round(len(words) * rng.uniform(0.5, 0.9)))
+            start = rng.randrange(0, len(words) - size + 1)
+            made = words[start:start + size]
+        elif i % 3 == 2:  # a word dropout
+            kept = [w for w in words if rng.random() >= drop]
+            made = kept if len(kept) >= 2 else None
+        if made is None:  # a pair (also where the text was too short for the other two)
+            made = words + rng.choice(pool_)
+        out.append(" ".join(made))
+    rng.shuffle(out)
+    return out
+
+
 def embed(model: BertModel, tokenizer, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = False,
           batch_size: int = 64, max_length: int | None = 128) -> torch.Tensor:
     """Pooled sentence vectors (len(texts), H) on the fast path, batched in length order."""
@@ -407,14 +439,15 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                    attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
                    config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
                    max_length: int | None = 128, group_by_length: bool = False,
-                   student_dropout: float | None = 0.0, log: Callable[[str], None] | None = None) -> CorpusRun:
+                   student_dropout: float | None = 0.0, augment: int = 0,
+                   log: Callable[[str], None] | None = None) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
-    every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, measure the agreement
-    before, distil, and write the best student with the tokenizer to ``out_dir``."""
-    from ..loading import copy_tokenizer
-
+    every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, add ``augment`` new texts made
+    from the training texts (``augment_texts``, after the held-out split), measure the agreement before,
+    distil, and write the best student with the tokenizer to ``out_dir``."""
     if student_dropout is not None:
         check_dropout(student_dropout)
+    check_index("augment (texts to make)", augment, 0, 10**9)
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise InputError("no non-empty text to distil on")
@@ -425,6 +458,8 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
         eval_texts = [t for t in eval_texts if t.strip()]
         if len(eval_texts) < 3:
             raise InputError(f"{len(eval_texts)} non-empty held-out text(s); the agreement needs at least 3")
+    if augment:
+        texts = texts + augment_texts(texts, augment, seed=config.seed)
     teacher = BertModel.from_pretrained(teacher_source, mlm_head=False).eval()
     tokenizer = BertTokenizer.from_pretrained(teacher_source)
     blocks = list(student_blocks) if student_blocks is not None else default_blocks(teacher.config.num_hidden_layers)
