@@ -18,7 +18,9 @@ map i -> i * N / M of TinyBERT, the student's last state on the teacher's last):
                                                                                  the blocks that made them,
                                                                                  every head, real queries
 
-``T^2`` keeps the soft term's gradient on the scale of the hard one's whatever the temperature.
+``T^2`` keeps the soft term's gradient on the scale of the hard one's whatever the temperature. Where
+unlabelled text is scarce, ``augment_texts`` makes more from it (crops, pairs, word dropout): the teacher
+labels any text.
 
     from minibert.training.distill import init_student, distill_embeddings, embedding_agreement
     student = init_student(teacher, blocks=[0, 2, 4])                   # 6 -> 3 blocks
@@ -306,8 +308,8 @@ def augment_texts(texts: Sequence[str], n: int, *, seed: int = 0, drop: float = 
     kept); where a text is too short for a crop or a dropout, a pair instead. Deterministic given ``seed``;
     shuffled. Make them from the training texts only: made from held-out texts they would leak into
     training."""
-    pool_ = [t.split() for t in texts if t.strip()]
-    if not pool_:
+    sources = [t.split() for t in texts if t.strip()]
+    if not sources:
         raise InputError("augment_texts: no non-empty text to make new ones from")
     check_index("n (texts to make)", n, 0, 10**9)
     if not 0 <= drop < 1:
@@ -315,7 +317,7 @@ def augment_texts(texts: Sequence[str], n: int, *, seed: int = 0, drop: float = 
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        words, made = rng.choice(pool_), None
+        words, made = rng.choice(sources), None
         if i % 3 == 0 and len(words) >= 4:  # a crop
             size = max(3, round(len(words) * rng.uniform(0.5, 0.9)))
             start = rng.randrange(0, len(words) - size + 1)
@@ -324,7 +326,7 @@ def augment_texts(texts: Sequence[str], n: int, *, seed: int = 0, drop: float = 
             kept = [w for w in words if rng.random() >= drop]
             made = kept if len(kept) >= 2 else None
         if made is None:  # a pair (also where the text was too short for the other two)
-            made = words + rng.choice(pool_)
+            made = words + rng.choice(sources)
         out.append(" ".join(made))
     rng.shuffle(out)
     return out
