@@ -92,6 +92,11 @@ def best_accuracy(directory: Path) -> tuple[float, int]:
     return history["best_metric"], history["best_epoch"]
 
 
+def run_dir(args, kind: str, name: str) -> Path:
+    """Where a named run keeps its student and metrics.json: ``<workdir>/<kind>-<name, one dash per sign>``."""
+    return args.workdir / (kind + "-" + "".join(c if c.isalnum() else "-" for c in name))
+
+
 def embedding_setup(args):
     """The VADER training and held-out sentences (slices with --quick), the teacher and its tokenizer."""
     sentences = fetch_sentences()
@@ -113,7 +118,7 @@ def part_embeddings(args, results):
     trained = None
     for name, options in args.embedding_runs:
         options = dict(options)
-        directory = args.workdir / ("embeddings-" + "".join(c if c.isalnum() else "-" for c in name))
+        directory = run_dir(args, "embeddings", name)
         if not (directory / "metrics.json").exists() and name in earlier and args.runs is not None \
                 and name not in args.runs:
             out["runs"].append(earlier[name])  # not asked for: its numbers from the last full run
@@ -181,7 +186,7 @@ def part_probes(args, results):
     rows = []
     for name, options in PROBES:
         options = {"normalize": True, "lr": 5e-4, "student_dropout": 0.0, "batch_size": 32, **options}
-        directory = args.workdir / ("probe-" + "".join(c if c.isalnum() else "-" for c in name))
+        directory = run_dir(args, "probe", name)
         if not (directory / "metrics.json").exists():
             student = distill.init_student(teacher, options.pop("blocks", [0, 2, 4])).train()
             distill.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, out_dir=directory,
