@@ -484,6 +484,11 @@ def cmd_distill(args) -> int:
         raise InputError("--group-by-length is for embedding mode (--texts); task distillation batches as finetune")
     if args.train is not None and args.augment:
         raise InputError("--augment is for embedding mode (--texts): task distillation trains on labelled rows")
+    if args.train is not None and args.freeze_embeddings:
+        raise InputError("--freeze-embeddings is for embedding mode (--texts)")
+    if args.train is not None and args.cache_teacher:
+        raise InputError("--cache-teacher is for embedding mode (--texts): task distillation runs the teacher on "
+                         "each batch")
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
     lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
     if lr <= 0:
@@ -516,7 +521,8 @@ def cmd_distill(args) -> int:
                            layer_map=args.layer_map, config=config, batch_size=args.batch_size,
                            max_length=args.max_length, group_by_length=args.group_by_length,
                            student_dropout=0.0 if args.student_dropout is None else args.student_dropout,
-                           augment=args.augment, log=log)
+                           augment=args.augment, cache_teacher=args.cache_teacher,
+                           freeze_embeddings=args.freeze_embeddings, log=log)
     best = run.history.epochs[run.history.best_epoch - 1]["eval"]
     print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
           f"texts: Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
@@ -793,6 +799,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedding mode: batches of texts of similar length (less padding, faster epochs)")
     p.add_argument("--augment", type=int, default=0, metavar="N",
                    help="embedding mode: add N texts made from --texts (crops, pairs, word dropout; default 0)")
+    p.add_argument("--cache-teacher", action="store_true",
+                   help="embedding mode: compute the teacher's vectors once, before the first epoch (faster epochs; "
+                   "not with --hidden-weight / --attention-weight)")
+    p.add_argument("--freeze-embeddings", action="store_true",
+                   help="embedding mode: the student keeps the teacher's embeddings (a faster step)")
     p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
     p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
     p.add_argument("--task", choices=["classify", "tag"], default="classify")
@@ -812,7 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=_positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    p.add_argument("--bf16", action="store_true", help="the student trains under bf16 autocast (fp32 master "
+                   "weights; the teacher stays fp32)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
     p.set_defaults(func=cmd_distill)
 

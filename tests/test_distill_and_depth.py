@@ -194,6 +194,66 @@ def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir
     assert all(p.requires_grad for p in distill.init_student(teacher, [1, 3]).parameters())
 
 
+def test_cached_teacher_vectors_train_the_same_student_without_running_the_teacher(tiny_encoder_dir,
+                                                                                   monkeypatch):
+    teacher = BertModel.from_pretrained(tiny_encoder_dir).eval()
+    tok = BertTokenizer.from_pretrained(tiny_encoder_dir)
+    texts, _ = toy(40, seed=3)
+    texts = [t + " " + "again " * (i % 7) for i, t in enumerate(texts)]  # lengths differ: padded batches
+    calls = []
+    real = distill.full_precision
+    monkeypatch.setattr(distill, "full_precision", lambda *a, **k: calls.append(1) or real(*a, **k))
+    students = {}
+    for cache in (False, True):
+        calls.clear()
+        student = distill.init_student(teacher, [0, 3]).train()
+        distill.distill_embeddings(teacher, student, tok, texts, normalize=True, cache_teacher=cache,
+                                   group_by_length=True, batch_size=8, max_length=24,
+                                   config=FitConfig(epochs=2, lr=1e-3, progress=False))
+        students[cache] = student
+        assert len(calls) == (0 if cache else 2 * 5)  # 5 batches an epoch, each ran the teacher
+    plain, cached = ({k: v.detach() for k, v in students[c].named_parameters()} for c in (False, True))
+    start = {k: v.detach() for k, v in distill.init_student(teacher, [0, 3]).named_parameters()}
+    moved = torch.cat([(plain[k] - start[k]).flatten() for k in plain]).norm()
+    apart = torch.cat([(plain[k] - cached[k]).flatten() for k in plain]).norm()
+    assert moved > 0.1 and apart < 1e-3 * moved  # the same targets (up to rounding): the same training
+    # each row of a batch carries its own text's vector (here: vector i is all i)
+    targets = torch.arange(len(texts), dtype=torch.float32)[:, None].repeat(1, 32)
+    for batch in distill.text_batches(tok, texts, batch_size=8, group_by_length=True, targets=targets)(1):
+        assert batch["teacher_vectors"].shape == (len(batch["input_ids"]), 32)
+        for ids, mask, vector in zip(batch["input_ids"], batch["attention_mask"], batch["teacher_vectors"]):
+            assert torch.equal(vector, targets[int(vector[0])])
+            assert ids[mask.bool()].tolist() == tok(texts[int(vector[0])])["input_ids"]
+    with pytest.raises(InputError, match="targets: 3 vectors for 40 texts"):
+        distill.text_batches(tok, texts, targets=targets[:3])
+    with pytest.raises(InputError, match="cache_teacher keeps only the teacher's pooled vectors"):
+        distill.distill_embeddings(teacher, distill.init_student(teacher, [0, 3]), tok, texts, cache_teacher=True,
+                                   hidden_weight=0.1)
+
+
+def test_the_teacher_stays_fp32_when_the_student_trains_in_bf16(tiny_encoder_dir):
+    teacher = BertModel.from_pretrained(tiny_encoder_dir).eval()
+    student = distill.init_student(teacher, [0, 3])
+    tok = BertTokenizer.from_pretrained(tiny_encoder_dir)
+    batch = dict(tok(["the river bank was muddy", "rates rose"], padding=True, return_tensors="pt"))
+    dtypes = {"teacher": [], "student": []}
+    hooks = [model.encoder.blocks[0].attn.query.register_forward_hook(
+        lambda module, args, out, who=who: dtypes[who].append(out.dtype))
+        for who, model in (("teacher", teacher), ("student", student))]
+    distiller = distill.EmbeddingDistiller(teacher, student, attention_weight=0.1)  # the readable teacher (maps)
+    fast_teacher = distiller._fast_teacher  # the one that runs without attention terms
+    with torch.no_grad():
+        expected = fast_teacher(batch["input_ids"], batch["attention_mask"]).last_hidden_state
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = distill.full_precision(fast_teacher, batch["input_ids"], batch["attention_mask"]).last_hidden_state
+        loss = distiller(**batch).loss
+    for hook in hooks:
+        hook.remove()
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+    assert dtypes == {"teacher": [torch.float32], "student": [torch.bfloat16]}  # autocast reached the student only
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
 def test_length_grouped_batches_cover_every_text_once_with_less_padding(minilm_dir, sentences_dir):
     from minibert.training.data import LENGTH_POOL, _epoch_rows
 
@@ -325,12 +385,15 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
     run = [sys.executable, "-m", "minibert"]
     out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--texts", str(corpus), "--out",
                                 str(tmp_path / "emb"), "--student-blocks", "1,3", "--epochs", "1", "--quiet",
-                                "--augment", "20"],
+                                "--augment", "20", "--cache-teacher", "--bf16", "--freeze-embeddings"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "agreement with the teacher on 3 held-out texts" in out.stdout and "blocks [1, 3] of" in out.stdout
     assert "holding out 5 %" in out.stderr
-    assert BertModel.from_pretrained(tmp_path / "emb").config.num_hidden_layers == 2
+    student, teacher = BertModel.from_pretrained(tmp_path / "emb"), BertModel.from_pretrained(tiny_encoder_dir)
+    assert student.config.num_hidden_layers == 2
+    assert torch.equal(student.embeddings.word.weight, teacher.embeddings.word.weight)  # frozen: the teacher's
+    assert not torch.equal(student.encoder.blocks[0].attn.query.weight, teacher.encoder.blocks[1].attn.query.weight)
     texts, labels = toy(32, seed=2)
     data = tmp_path / "d.csv"
     data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
@@ -346,7 +409,12 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
                           (["--train", str(data), "--eval", str(data), "--group-by-length"], "embedding mode"),
                           (["--texts", str(corpus), "--student-dropout", "1"], "dropout p=1.0 must be"),
                           (["--train", str(data), "--eval", str(data), "--augment", "5"], "--augment is for"),
-                          (["--texts", str(corpus), "--augment", "-1"], "augment (texts to make)")):
+                          (["--texts", str(corpus), "--augment", "-1"], "augment (texts to make)"),
+                          (["--train", str(data), "--eval", str(data), "--cache-teacher"], "--cache-teacher is for"),
+                          (["--train", str(data), "--eval", str(data), "--freeze-embeddings"],
+                           "--freeze-embeddings is for"),
+                          (["--texts", str(corpus), "--cache-teacher", "--hidden-weight", "1"],
+                           "cache_teacher keeps only")):
         out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--out", str(tmp_path / "e")] + argv,
                              capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)

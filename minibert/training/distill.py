@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -49,7 +50,7 @@ from ..model import BertModel
 from ..tokenizer import BertTokenizer
 from ..tools import fast
 from ..tools.batching import collate, plan_batches
-from ..tools.surgery import check_dropout, dropout, keep_blocks
+from ..tools.surgery import check_dropout, dropout, freeze, keep_blocks
 from . import metrics
 from .data import _epoch_rows, classification_batches, tag_words, tagging_batches
 from .datasets import read_table, read_tagged
@@ -150,6 +151,13 @@ def attention_loss(student_probs, teacher_probs, layer_map: dict[int, int], mask
     return torch.stack(losses).mean()
 
 
+def full_precision(teacher, input_ids, *args, **kwargs):
+    """The teacher's forward pass without gradients and outside any autocast: when ``fit`` trains the
+    student in bf16 (``FitConfig(bf16=True)``), the targets are still the teacher's own fp32 outputs."""
+    with torch.no_grad(), torch.autocast(torch.as_tensor(input_ids).device.type, enabled=False):
+        return teacher(input_ids, *args, **kwargs)
+
+
 @dataclass
 class DistillOutput:
     loss: torch.Tensor
@@ -230,20 +238,29 @@ class EmbeddingDistiller(_Distiller):
         self._fast_teacher = fast.prepare(teacher)
 
     def sentence_vectors(self, out, attention_mask) -> torch.Tensor:
-        vectors = pool(out.last_hidden_state, attention_mask, self.pooling)  # (B, H)
+        vectors = pool(out.last_hidden_state.float(), attention_mask, self.pooling)  # (B, H), fp32 under autocast too
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> DistillOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, teacher_vectors=None) -> DistillOutput:
+        """``teacher_vectors`` (B, H): the teacher's pooled vectors of these rows, computed once before
+        training (``distill_embeddings(cache_teacher=True)``); the teacher then does not run here."""
         attentions = bool(self.attention_weight)
-        with torch.no_grad():
+        if teacher_vectors is None:
             teacher = self.teacher if attentions else self._fast_teacher  # no maps needed: the fast path
-            t_out = teacher(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
+            t_out = full_precision(teacher, input_ids, attention_mask, token_type_ids, output_attentions=attentions)
+            t_vec = self.sentence_vectors(t_out, attention_mask)
+        elif self.hidden_weight or self.attention_weight:
+            raise InputError("cached teacher vectors carry no hidden states or attentions: "
+                             "hidden_weight and attention_weight need the teacher to run on each batch")
+        else:
+            t_vec = F.normalize(teacher_vectors.float(), dim=-1) if self.normalize else teacher_vectors.float()
         s_out = self.student(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
-        s_vec, t_vec = self.sentence_vectors(s_out, attention_mask).float(), self.sentence_vectors(t_out, attention_mask).float()
+        s_vec = self.sentence_vectors(s_out, attention_mask)
         parts = {"embedding": F.mse_loss(s_vec, t_vec)}
         if self.similarity_weight:
             parts["similarity"] = self.similarity_weight * similarity_loss(s_vec, t_vec)
-        parts.update(self._inside_terms(s_out, t_out, attention_mask))
+        if teacher_vectors is None:
+            parts.update(self._inside_terms(s_out, t_out, attention_mask))
         return DistillOutput(sum(parts.values()), {k: float(v.detach()) for k, v in parts.items()})
 
 
@@ -267,8 +284,7 @@ class TaskDistiller(_Distiller):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> DistillOutput:
         attentions = bool(self.attention_weight)
-        with torch.no_grad():
-            t_out = self.teacher(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
+        t_out = full_precision(self.teacher, input_ids, attention_mask, token_type_ids, output_attentions=attentions)
         s_out = self.student(input_ids, attention_mask, token_type_ids, labels=labels, output_attentions=attentions)
         s_logits, t_logits = s_out.logits, t_out.logits
         if s_logits.dim() == 3 and labels is not None:  # tokens: only those with a label
@@ -283,20 +299,27 @@ class TaskDistiller(_Distiller):
 
 # ------------------------------------------------------------------------------------------ embeddings
 def text_batches(tokenizer, texts: Sequence[str], *, batch_size: int = 32, max_length: int | None = 128,
-                 shuffle: bool = True, seed: int = 0, group_by_length: bool = False) -> Callable[[int], object]:
+                 shuffle: bool = True, seed: int = 0, group_by_length: bool = False,
+                 targets: torch.Tensor | None = None) -> Callable[[int], object]:
     """``batches(epoch)`` of unlabelled texts for ``fit``, shuffled by ``seed + epoch``. The texts are
     tokenised once, here. ``group_by_length``: batches of similar lengths (less padding to compute; see
-    ``data._epoch_rows``)."""
+    ``data._epoch_rows``). ``targets`` (len(texts), H): each batch also carries its rows' vectors, as
+    ``teacher_vectors``."""
     if not texts:
         raise InputError("no texts to distil on")
     check_index("batch_size", batch_size, 1, 10**9)
+    if targets is not None and len(targets) != len(texts):
+        raise InputError(f"targets: {len(targets)} vectors for {len(texts)} texts")
     ids = tokenizer(list(texts), truncation=True, max_length=max_length, return_token_type_ids=False,
                     return_attention_mask=False)["input_ids"]
     lengths = [len(x) for x in ids] if group_by_length else None
 
     def batches(epoch: int):
         for rows in _epoch_rows(len(texts), batch_size, shuffle, seed + epoch, lengths):
-            yield collate(ids, rows, tokenizer.pad_token_id)
+            batch = collate(ids, rows, tokenizer.pad_token_id)
+            if targets is not None:
+                batch["teacher_vectors"] = targets[torch.as_tensor(rows)]
+            yield batch
     return batches
 
 
@@ -383,16 +406,23 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
                        similarity_weight: float = 0.0, hidden_weight: float = 0.0, attention_weight: float = 0.0,
                        layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=5e-4),
                        batch_size: int = 32, max_length: int | None = 128, group_by_length: bool = False,
-                       student_dropout: float | None = 0.0, out_dir=None,
+                       student_dropout: float | None = 0.0, cache_teacher: bool = False, out_dir=None,
                        log: Callable[[str], None] | None = None) -> History:
     """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
     epoch, with ``eval_texts``, the two models' agreement on them (``embedding_agreement``); the epoch
     with the best Spearman agreement is kept in ``out_dir``. ``group_by_length``: batches of similar
     lengths (``text_batches``), less padding to compute. ``student_dropout``: every dropout of the student
     at this probability while it trains (0: off -- a regression onto a deterministic teacher fits better
-    without that noise; measured in README), its own again afterwards; None leaves it as it is."""
+    without that noise; measured in README), its own again afterwards; None leaves it as it is.
+    ``cache_teacher``: the teacher's vectors of all ``texts`` are computed once, before the first epoch
+    (fast path, batched in length order), and every epoch trains on them: the teacher's forward pass
+    leaves the training step. It keeps len(texts) x H floats and needs no hidden-state or attention term.
+    The teacher always runs in fp32, also when ``config.bf16`` trains the student under bf16 autocast."""
     if eval_texts is not None and len(eval_texts) < 3:
         raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement needs at least 3")
+    if cache_teacher and (hidden_weight or attention_weight):
+        raise InputError("cache_teacher keeps only the teacher's pooled vectors: hidden_weight and "
+                         "attention_weight need its states on every batch (leave cache_teacher off)")
     if student_dropout is not None:
         check_dropout(student_dropout)
     distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=normalize,
@@ -405,8 +435,14 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
         def evaluate(m):
             return embedding_agreement(reference, embed(m.student, tokenizer, eval_texts, pooling=pooling,
                                                         max_length=max_length), k=min(10, len(eval_texts) - 1))
+    targets = None
+    if cache_teacher:
+        started = time.perf_counter()
+        targets = embed(teacher, tokenizer, texts, pooling=pooling, max_length=max_length)  # (N, H), fp32
+        if log is not None:
+            log(f"teacher vectors of {len(texts):,} texts computed once: {time.perf_counter() - started:.1f} s")
     batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed,
-                           group_by_length=group_by_length)
+                           group_by_length=group_by_length, targets=targets)
     with _dropout(student, student_dropout):
         return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
                    out_dir=out_dir, on_epoch_end=_reporter(log, config))
@@ -441,12 +477,14 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                    attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
                    config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
                    max_length: int | None = 128, group_by_length: bool = False,
-                   student_dropout: float | None = 0.0, augment: int = 0,
-                   log: Callable[[str], None] | None = None) -> CorpusRun:
+                   student_dropout: float | None = 0.0, augment: int = 0, cache_teacher: bool = False,
+                   freeze_embeddings: bool = False, log: Callable[[str], None] | None = None) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
     every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, add ``augment`` new texts made
     from the training texts (``augment_texts``, after the held-out split), measure the agreement before,
-    distil, and write the best student with the tokenizer to ``out_dir``."""
+    distil, and write the best student with the tokenizer to ``out_dir``. ``freeze_embeddings``: the
+    student keeps the teacher's embeddings (``surgery.freeze``): no gradient for the word-embedding
+    matrix, a faster step."""
     if student_dropout is not None:
         check_dropout(student_dropout)
     check_index("augment (texts to make)", augment, 0, 10**9)
@@ -466,6 +504,8 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
     tokenizer = BertTokenizer.from_pretrained(teacher_source)
     blocks = list(student_blocks) if student_blocks is not None else default_blocks(teacher.config.num_hidden_layers)
     student = init_student(teacher, blocks).train()
+    if freeze_embeddings:
+        freeze(student, embeddings=True)
     if isinstance(layer_map, str):
         layer_map = parse_layer_map(layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
     k = min(10, len(eval_texts) - 1)
@@ -476,7 +516,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                                  hidden_weight=hidden_weight, attention_weight=attention_weight,
                                  layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
                                  group_by_length=group_by_length, student_dropout=student_dropout,
-                                 out_dir=out_dir, log=log)
+                                 cache_teacher=cache_teacher, out_dir=out_dir, log=log)
     copy_tokenizer(teacher_source, out_dir)
     return CorpusRun(history, before, blocks, len(eval_texts), split)
 
