@@ -20,7 +20,9 @@ map i -> i * N / M of TinyBERT, the student's last state on the teacher's last):
 
 ``T^2`` keeps the soft term's gradient on the scale of the hard one's whatever the temperature. Where
 unlabelled text is scarce, ``augment_texts`` makes more from it (crops, pairs, word dropout): the teacher
-labels any text.
+labels any text. The teacher always runs in fp32 and without gradients (``full_precision``), also when the
+student trains under bf16 autocast; for long embedding runs its vectors can be computed once
+(``cache_teacher``), so that the step is the student's alone.
 
     from minibert.training.distill import init_student, distill_embeddings, embedding_agreement
     student = init_student(teacher, blocks=[0, 2, 4])                   # 6 -> 3 blocks
