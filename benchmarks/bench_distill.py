@@ -221,11 +221,9 @@ def part_steps(args, results):
     distiller = distill.EmbeddingDistiller(teacher, student, normalize=True)
     recipes = {"teacher on each batch, fp32": (False, False, False), "teacher vectors cached": (True, False, False),
                "cached + embeddings frozen": (True, True, False), "cached + frozen + bf16": (True, True, True)}
-    embedding_weights = {id(p) for p in student.embeddings.parameters()}
 
     def steps(cached, frozen, bf16):
-        trained = [p for p in student.parameters() if not (frozen and id(p) in embedding_weights)]
-        optimizer = torch.optim.AdamW(trained, lr=1e-6)
+        optimizer = torch.optim.AdamW(student.parameters(), lr=1e-6)  # frozen weights get no grad: skipped
 
         def run():
             surgery.freeze(student, embeddings=True) if frozen else surgery.unfreeze(student)
@@ -234,7 +232,7 @@ def part_steps(args, results):
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                     loss = distiller(**batch).loss
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(trained, 1.0)
+                torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
         return run

@@ -240,7 +240,11 @@ class EmbeddingDistiller(_Distiller):
         self._fast_teacher = fast.prepare(teacher)
 
     def sentence_vectors(self, out, attention_mask) -> torch.Tensor:
-        vectors = pool(out.last_hidden_state.float(), attention_mask, self.pooling)  # (B, H), fp32 under autocast too
+        return self.compared(pool(out.last_hidden_state.float(), attention_mask, self.pooling))  # (B, H), pooled in fp32
+
+    def compared(self, vectors: torch.Tensor) -> torch.Tensor:
+        """Pooled vectors as the loss compares them: fp32 (under autocast too), unit length with ``normalize``."""
+        vectors = vectors.float()
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, teacher_vectors=None) -> DistillOutput:
@@ -255,7 +259,7 @@ class EmbeddingDistiller(_Distiller):
             raise InputError("cached teacher vectors carry no hidden states or attentions: "
                              "hidden_weight and attention_weight need the teacher to run on each batch")
         else:
-            t_vec = F.normalize(teacher_vectors.float(), dim=-1) if self.normalize else teacher_vectors.float()
+            t_vec = self.compared(teacher_vectors)
         s_out = self.student(input_ids, attention_mask, token_type_ids, output_attentions=attentions)
         s_vec = self.sentence_vectors(s_out, attention_mask)
         parts = {"embedding": F.mse_loss(s_vec, t_vec)}
