@@ -11,7 +11,7 @@ Parts (``--parts``, all by default); numbers go to benchmarks/results/encode.jso
 * ``batching``: ``SentenceTransformer.encode(batch_size=32)`` vs ``SentenceEncoder.encode(batch_size=32)``
   vs ``SentenceEncoder.encode(max_tokens=8192)``, in one process, alternating, median of ``--rounds``;
   also the largest difference between the vectors (the three must agree to 1e-6).
-* ``ray``: ``minibert.distributed.embed_dataset`` on a local Ray (``num_cpus=2``) over 4 text shards with
+* ``ray``: ``minibert.compat.ray.embed_dataset`` on a local Ray (``num_cpus=2``) over 4 text shards with
   1 worker x 2 torch threads and 2 workers x 1 thread; wall time includes Ray's start of the actors, the
   model loads, reading and writing Parquet. The single-process ``encode`` of the same texts is the baseline.
 
@@ -90,7 +90,7 @@ def part_batching(args, texts, results):
 def part_ray(args, texts, results):
     import ray
 
-    from minibert.distributed import embed_dataset
+    from minibert.compat.ray import embed_dataset
 
     work = Path(tempfile.mkdtemp(prefix="bench_encode_"))
     try:

@@ -1,14 +1,14 @@
 """minibert: a readable, exact BERT encoder in PyTorch.
 
-The package is layered (see ARCHITECTURE.md): the core (config, model, loading, tokenizer, inputs,
-hook points) knows nothing of ``minibert.tools`` (hooks and interventions, the fast path, surgery,
-accounting) or ``minibert.analysis`` (layers, probing, lens, plots, parity), which build on it.
-``minibert.BertModel`` is the textbook model of ``model.py`` with the tools as methods (``api.py``).
+The package is layered, one folder a layer (see ARCHITECTURE.md): the core (the files beside this one:
+config, model, loading, tokenizer, inputs, hook points, quantize) knows nothing of the folders above it --
+``tools`` (hooks, the fast path, surgery, accounting, batching, encoding texts), ``models`` (the public
+``BertModel`` with the tools as methods, the task heads), ``analysis``, ``training``, ``compat`` and the
+fronts ``cli`` and ``testing``.
 
 Names are imported on first use, so that ``import minibert.cli`` (and ``minibert --help``) does not pay
-for importing torch. The modules that moved into the sub-packages keep their old names too:
-``import minibert.fast`` is ``minibert.tools.fast``, ``from minibert import layers`` is
-``minibert.analysis.layers``.
+for importing torch. Modules that moved keep their old names for now, with a DeprecationWarning naming
+the new place: ``import minibert.fast`` is ``minibert.tools.fast``.
 """
 
 from __future__ import annotations
@@ -17,18 +17,28 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 from .errors import CheckpointError, InputError, MissingExtra
 
-_LAZY = {"BertConfig": ".config", "BertModel": ".api", "BertOutput": ".model", "BertTokenizer": ".tokenizer",
-         "BertForSequenceClassification": ".heads", "BertForTokenClassification": ".heads",
-         "BertForQuestionAnswering": ".heads"}
+_LAZY = {"BertConfig": ".config", "BertModel": ".models.bert", "BertOutput": ".model", "BertTokenizer": ".tokenizer",
+         "BertForSequenceClassification": ".models.heads", "BertForTokenClassification": ".models.heads",
+         "BertForQuestionAnswering": ".models.heads"}
 
-#: modules that moved into the sub-packages: old name -> new place
+#: modules that moved: old name -> new place. Importing an old name warns (DeprecationWarning) and gives
+#: the module at its new place (the same object).
 MOVED = {"layers": "analysis.layers", "probing": "analysis.probing", "plots": "analysis.plots",
          "lens": "analysis.lens", "parity": "analysis.parity", "hooks": "tools.hooks", "fast": "tools.fast",
-         "surgery": "tools.surgery", "accounting": "tools.accounting",
-         "distill": "training.distill"}  # short name: the issue that asked for it says minibert/distill.py
+         "surgery": "tools.surgery", "accounting": "tools.accounting", "distill": "training.distill",
+         "api": "models.bert", "heads": "models.heads", "distributed": "compat.ray"}
+
+
+def _moved(name: str) -> str:
+    """The new full name of the old module ``minibert.<name>``, after a DeprecationWarning naming it."""
+    new = f"{__name__}.{MOVED[name]}"
+    warnings.warn(f"minibert.{name} has moved to {new}; import it from there (the old name will go)",
+                  DeprecationWarning, stacklevel=3)
+    return new
 
 __all__ = ["BertConfig", "BertModel", "BertOutput", "BertTokenizer", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "CheckpointError", "InputError", "MissingExtra"]
@@ -39,7 +49,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     elif name in MOVED:
-        value = importlib.import_module(f".{MOVED[name]}", __name__)
+        value = importlib.import_module(_moved(name))
     else:
         raise AttributeError(f"module 'minibert' has no attribute {name!r}")
     globals()[name] = value
@@ -69,7 +79,7 @@ class _MovedModules(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         package, _, name = fullname.partition(".")
         if package == __name__ and name in MOVED:
-            return importlib.util.spec_from_loader(fullname, _Alias(f"{__name__}.{MOVED[name]}"))
+            return importlib.util.spec_from_loader(fullname, _Alias(_moved(name)))
         return None
 
 

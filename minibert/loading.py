@@ -340,9 +340,14 @@ def save_model(model, directory) -> None:
     if getattr(model, "quantized", None) or getattr(getattr(model, "bert", None), "quantized", None):
         raise InputError("this model is int8-quantised, which is for inference only: save the fp32 model and "
                          "load it with dtype='int8'")
+    params = dict(model.named_parameters())
+    adapted = [n for n in params if ".lora_" in n]
+    if adapted:
+        raise InputError(f"this model has LoRA layers ({adapted[0]}, ...), which a BERT checkpoint has no names "
+                         "for: fold them in with minibert.training.lora.merge_lora(model) and save that, or save "
+                         "the adapters alone with save_adapters")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    params = dict(model.named_parameters())
     task = hasattr(model, "checkpoint_head")
     encoder = model.bert if task else model
     mlm = getattr(encoder, "mlm_head", None) is not None

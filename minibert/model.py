@@ -110,7 +110,7 @@ class MultiHeadSelfAttention(nn.Module):
         k = self.hook_k(self.split_heads(self.key(x)))  # (B, h, T, d)
         v = self.hook_v(self.split_heads(self.value(x)))  # (B, h, T, d)
 
-        if return_probs or self.hook_scores.fns or self.hook_probs.fns:
+        if return_probs or self.hook_scores.active or self.hook_probs.active:
             context, probs = self.explicit_attention(q, k, v, mask)
         else:
             context, probs = self.fused_attention(q, k, v, mask), None

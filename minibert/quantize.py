@@ -171,11 +171,18 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) -> (..., out); every token (row) is quantised on its own, so a padded batch gives
         each real token what it gets alone."""
+        if x.requires_grad and torch.is_grad_enabled():
+            raise InputError("int8 layers have no gradient (dynamic quantisation is for inference): run under "
+                             "torch.no_grad(), or use the fp32 model for gradients")
         shape = x.shape
         return self.kernel()(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.qweight.dequantize()
+
+    @property
+    def weight(self) -> torch.Tensor:  # (out, in) fp32: what the int8 weights stand for, for reading
+        return self.dequantized_weight()
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -189,7 +196,8 @@ class Int8Linear(nn.Module):
 
 def quantize_linears(model: nn.Module) -> nn.Module:
     """Swap every block's linear layers of ``model`` (a BertModel or a task model) for ``Int8Linear``, in
-    place; returns the model, marked ``model.quantized = "int8"``."""
+    place, and freeze what stays fp32 (int8 is for inference); returns the model, marked
+    ``model.quantized = "int8"``. A layer that is not a plain nn.Linear (LoRA) is refused before any swap."""
     encoder = getattr(model, "bert", model)
     if getattr(encoder, "quantized", None):
         return model
@@ -197,13 +205,21 @@ def quantize_linears(model: nn.Module) -> nn.Module:
         raise InputError(f"int8 quantisation starts from fp32 weights; this model is {encoder.dtype}")
     if encoder.device.type != "cpu":
         raise InputError(f"int8 dynamic quantisation runs on the CPU; this model is on {encoder.device}")
-    for block in encoder.encoder.blocks:
+    places = []
+    for i, block in enumerate(encoder.encoder.blocks):
         for path in BLOCK_LINEARS:
             parent_name, _, name = path.rpartition(".")
             parent = block.get_submodule(parent_name)
             linear = getattr(parent, name)
-            if isinstance(linear, nn.Linear):
-                setattr(parent, name, Int8Linear(linear))
+            if not isinstance(linear, nn.Linear):  # checked for every layer before any is swapped
+                raise InputError(f"blocks.{i}.{path} is a {type(linear).__name__}, not an nn.Linear: int8 "
+                                 "quantises plain linear layers (fold LoRA in first: "
+                                 "minibert.training.lora.merge_lora)")
+            places.append((parent, name, linear))
+    for parent, name, linear in places:
+        setattr(parent, name, Int8Linear(linear))
+    for p in model.parameters():  # inference only: what is left in fp32 (embeddings, LayerNorms) is frozen too
+        p.requires_grad_(False)
     encoder.quantized = "int8"
     if encoder is not model:
         model.quantized = "int8"

@@ -250,7 +250,8 @@ def test_the_teacher_stays_fp32_when_the_student_trains_in_bf16(tiny_encoder_dir
     for hook in hooks:
         hook.remove()
     assert got.dtype == torch.float32 and torch.equal(got, expected)
-    assert dtypes == {"teacher": [torch.float32], "student": [torch.bfloat16]}  # autocast reached the student only
+    # autocast reached the student only (torch hooks fire on the teacher's fast path too: it steps aside for them)
+    assert dtypes["teacher"] and set(dtypes["teacher"]) == {torch.float32} and dtypes["student"] == [torch.bfloat16]
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
 
 

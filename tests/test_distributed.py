@@ -15,7 +15,7 @@ pytest.importorskip("ray.data")
 
 from minibert import InputError  # noqa: E402
 from minibert.compat import SentenceEncoder  # noqa: E402
-from minibert.distributed import embed_dataset, expand_inputs, read_vectors, shard_rows  # noqa: E402
+from minibert.compat.ray import embed_dataset, expand_inputs, read_vectors, shard_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import torch
 
 from conftest import hf_config, random_hf_model, transformers
 from minibert import CheckpointError, InputError
-from minibert.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from minibert.models.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 
 SMALL = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}

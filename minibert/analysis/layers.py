@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ..tools.pooling import pool  # noqa: F401  (its home is tools.pooling; here for analysis code)
 
 
 # ------------------------------------------------------------------------------------------ selection
@@ -82,25 +83,6 @@ def select_layers(hidden_states, layers) -> torch.Tensor:
     """(k, B, T, H) for the chosen layers (see ``parse_layers``)."""
     h = stack(hidden_states)
     return h[parse_layers(layers, h.shape[0])]
-
-
-# -------------------------------------------------------------------------------------------- pooling
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, method: str = "mean") -> torch.Tensor:
-    """Pool tokens into one vector per sequence: (..., B, T, H) -> (..., B, H).
-
-    ``cls``: the first token. ``mean`` / ``max``: over real tokens only (attention_mask != 0), so
-    padding never changes the result."""
-    if method == "cls":
-        return hidden[..., 0, :]
-    if method not in ("mean", "max"):
-        raise InputError(f"pool method {method!r}; use 'cls', 'mean' or 'max'")
-    if attention_mask is None:
-        attention_mask = torch.ones(hidden.shape[-3:-1], device=hidden.device)
-    mask = attention_mask.to(hidden.device).bool()[..., None]  # (B, T, 1)
-    if method == "mean":
-        weights = mask.to(hidden.dtype)
-        return (hidden * weights).sum(-2) / weights.sum(-2).clamp(min=1)
-    return hidden.masked_fill(~mask, float("-inf")).amax(-2)
 
 
 # ---------------------------------------------------------------------------------------- combination

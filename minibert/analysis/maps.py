@@ -30,8 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InputError, MissingExtra
-from .layers import parse_layers, pool
-from .probing import extract_span_features, progress_bar, word_spans
+from ..tools.pooling import pool
+from .layers import parse_layers
+from ..tools.progress import progress_bar
+from ..words import word_spans
+from .probing import extract_span_features
 
 METHODS = ("pca", "tsne", "umap")
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..errors import InputError, MissingExtra
-from .layers import pool
+from ..tools.pooling import pool
 
 #: the built-in inputs: plain sentences, sentence pairs, very short and long texts, accents, numbers,
 #: punctuation and non-Latin script, batched so that padding is exercised
@@ -246,7 +246,7 @@ def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", t
     """The ``minibert parity`` command as a function: ``model`` vs transformers on the same checkpoint, or
     ``model`` vs ``against``, both through minibert."""
     from ..names import parse_dtype
-    from ..model import BertModel
+    from ..models import BertModel
     from ..tokenizer import BertTokenizer
 
     if dtype not in DEFAULT_ATOL:

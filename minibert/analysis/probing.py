@@ -15,101 +15,20 @@ Sub-words are pooled into words with the tokenizer's character offsets (first pi
 from __future__ import annotations
 
 import random
-import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from ..errors import InputError, MissingExtra
+from ..errors import InputError
+from ..textfiles import read_conllu  # noqa: F401  (its home is minibert.textfiles)
 from ..tools import fast
 from ..tools.batching import collate, plan_batches
-
-
-# ------------------------------------------------------------------------------------------- reading
-_CONLLU_ID = re.compile(r"[1-9][0-9]*(-[1-9][0-9]*|\.[1-9][0-9]*)?")  # 3, 3-4 (multi-word) or 3.1 (empty node)
-
-
-def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str | None]]]:
-    """(words, labels) per sentence of a CoNLL-U file, labels from ``column`` (upos, xpos, deprel, ...).
-    Multi-word tokens (ranges like 1-2) and empty nodes (1.1) are skipped; the syntactic words are kept.
-    ``_`` (CoNLL-U's "no value") is no label: that word's label is None, it stays in the sentence for
-    context but is neither trained nor tested on. A malformed file is an InputError naming the file and
-    the line."""
-    try:
-        import conllu
-    except ImportError:
-        raise MissingExtra("reading CoNLL-U needs the conllu package: pip install 'minibert[conllu]'") from None
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 text ({e}); CoNLL-U files are UTF-8") from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, not a CoNLL-U file") from None
-
-    blocks, current = [], []  # (first line number, lines) per sentence
-    for number, line in enumerate(lines, start=1):
-        line = line.rstrip("\r")
-        if not line.strip():
-            if current:
-                blocks.append(current)
-                current = []
-            continue
-        if not line.startswith("#"):
-            fields = line.split("\t")
-            if len(fields) != 10:
-                hint = " (columns must be separated by tabs, not spaces)" if len(fields) == 1 else ""
-                raise InputError(f"{path}:{number}: a CoNLL-U word line has 10 tab-separated columns, this "
-                                 f"one has {len(fields)}{hint}: {line[:60]!r}")
-            if not _CONLLU_ID.fullmatch(fields[0]):
-                raise InputError(f"{path}:{number}: {fields[0]!r} is not a CoNLL-U word ID (1, 2, ..., a range "
-                                 "like 3-4 or an empty node like 3.1)")
-        current.append((number, line))
-    if current:
-        blocks.append(current)
-
-    sentences = []
-    for block in blocks:
-        first = block[0][0]
-        try:
-            parsed = conllu.parse("\n".join(line for _, line in block) + "\n\n")
-        except Exception as e:  # conllu.exceptions.ParseException and the like: say where
-            raise InputError(f"{path}:{first}: the sentence starting here is not valid CoNLL-U: {e}") from None
-        for sentence in parsed:
-            words, labels = [], []
-            for token in sentence:
-                if not isinstance(token["id"], int):
-                    continue
-                if column not in token:
-                    raise InputError(f"{path}:{first}: there is no column {column!r}; columns are "
-                                     f"{list(token.keys())}")
-                value = token[column]
-                words.append(token["form"])
-                labels.append(None if value is None or value == "_" else str(value))
-            if words:
-                sentences.append((words, labels))
-    if not sentences:
-        raise InputError(f"{path} holds no sentences")
-    if not any(label is not None for _, labels in sentences for label in labels):
-        raise InputError(f"{path}: every word's {column!r} is '_' (no value): there is nothing to probe; "
-                         "pick a column that this file fills in")
-    return sentences
+from ..tools.progress import progress_bar
+from ..words import assign_pieces, word_spans
 
 
 # ---------------------------------------------------------------------------------------- features
-def word_spans(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
-    """The words joined by single spaces, and each word's character span in that text."""
-    spans, pos = [], 0
-    for w in words:
-        spans.append((pos, pos + len(w)))
-        pos += len(w) + 1
-    return " ".join(words), spans
-
-
 def extract_word_features(model, tokenizer, sentences: list[list[str]], *, pool: str = "first",
                           batch_size: int | None = 16, progress: bool = True, max_tokens: int | None = None):
     """Features of every word at every layer: a float32 tensor (L + 1, n_words, H) and a list with one
@@ -155,41 +74,6 @@ def extract_span_features(model, tokenizer, texts: list[str], spans: list[list[t
     features = torch.stack(chunks, dim=1)  # (L + 1, n_words, H)
     order_back = sorted(range(len(index)), key=lambda k: index[k])  # back to corpus order
     return features[:, order_back], [index[k] for k in order_back]
-
-
-def assign_pieces(offsets, mask, spans):
-    """Token positions of each word: a token belongs to the word whose span contains its start.
-    ``offsets`` (T, 2) and ``mask`` (T,): tensors or lists."""
-    pieces = [[] for _ in spans]
-    w = 0
-    offsets, mask = (x.tolist() if hasattr(x, "tolist") else x for x in (offsets, mask))
-    for t, ((a, b), m) in enumerate(zip(offsets, mask)):
-        if not m or a == b:  # padding and special tokens
-            continue
-        while w < len(spans) and a >= spans[w][1]:
-            w += 1
-        if w < len(spans) and spans[w][0] <= a < spans[w][1]:
-            pieces[w].append(t)
-    return pieces
-
-
-def progress_bar(total, desc, enabled):
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-
-            return tqdm(total=total, desc=desc, unit="sent")
-        except ImportError:
-            pass
-
-    class _Silent:
-        def update(self, n):
-            pass
-
-        def close(self):
-            pass
-
-    return _Silent()
 
 
 # ------------------------------------------------------------------------------------------- probes

@@ -6,11 +6,12 @@
     out[0], out[-1], out.last_hidden_state, out.to_tuple(), list(out.keys())    # as transformers' outputs
     model.encoder.layer[:4], model.get_input_embeddings(), model.state_dict()   # transformers' names
 
-``TransformersBertModel`` subclasses the textbook ``minibert.model.BertModel``: the same parameters, the same forward pass
-(the readable one; the numbers are the textbook model's), and on top of it what transformers callers
-write -- ``output_hidden_states``, ``return_dict``, ``inputs_embeds``, ``head_mask``,
-``encoder_hidden_states=None``, outputs that index like ``ModelOutput``, ``encoder.layer``, and
-``state_dict`` / ``load_state_dict`` in transformers' tensor names. ``inputs_embeds`` and ``head_mask``
+``TransformersBertModel`` subclasses the public ``minibert.BertModel``: the same parameters, the same forward pass
+(the readable one; the numbers are the textbook model's), the tool methods, and on top of it what
+transformers callers write -- ``output_hidden_states``, ``return_dict``, ``inputs_embeds``, ``head_mask``,
+``encoder_hidden_states=None``, outputs that index like ``ModelOutput``, transformers' submodule names
+(``embeddings.word_embeddings``, ``encoder.layer[i].attention.self.query``, ...), blocks that return a
+tensor, and ``state_dict`` / ``load_state_dict`` in transformers' tensor names. ``inputs_embeds`` and ``head_mask``
 are hooks at the model's own hook points (``embeddings.word``, ``blocks.i.attn.probs``), so ``model.py``
 has no branch for them.
 
@@ -20,16 +21,20 @@ has no branch for them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from ..model import BertModel
 from ..errors import InputError
+from ..hookpoints import HookPoint
 from ..loading import normalise_name, tensor_map
-from ..model import Encoder
+from ..model import BertModel as TextbookBertModel
+from ..model import Block, Embeddings, Encoder
+from ..models import BertModel
 from ..tools.hooks import hooks
 
 OUTPUT_FIELDS = ("last_hidden_state", "pooler_output", "hidden_states", "past_key_values", "attentions",
@@ -55,41 +60,199 @@ class ModelOutput(OrderedDict):
         return tuple(self.values())
 
 
-class LayerNamedEncoder(Encoder):
-    """The encoder with its blocks also reachable as ``encoder.layer`` (transformers' name), for reading
-    and for replacing: ``encoder.layer = nn.ModuleList(encoder.layer[:4])`` keeps the first 4 blocks."""
+class _Aliases:
+    """transformers' attribute names for a minibert module's own children (``aliases``: theirs -> ours),
+    for reading and for replacing. The aliases are not registered as modules of their own, so
+    ``named_modules()``, ``parameters()`` and ``state_dict()`` see every module once, under minibert's name."""
 
-    @property
-    def layer(self) -> nn.ModuleList:
-        return self.blocks
+    aliases: dict[str, str] = {}
+
+    def __getattr__(self, name):
+        return super().__getattr__(type(self).aliases.get(name, name))
 
     def __setattr__(self, name, value):
-        super().__setattr__("blocks" if name == "layer" else name, value)
+        super().__setattr__(type(self).aliases.get(name, name), value)
+
+    def __delattr__(self, name):
+        super().__delattr__(type(self).aliases.get(name, name))
+
+
+class _View:
+    """An attribute path of transformers that has no module of its own here (``layer.attention.self``):
+    its names lead to minibert's modules (``{"query": (block, "attn.query")}``), for reading and
+    replacing. A view is never called, so a torch hook belongs on the modules it names."""
+
+    def __init__(view, **names):  # (not `self`: transformers' own path has a part named "self")
+        object.__setattr__(view, "_names", names)
+
+    def _place(self, name):
+        if name not in self._names:
+            raise AttributeError(f"this part of transformers' layout has no {name!r} here; it has "
+                                 f"{sorted(self._names)}")
+        target = self._names[name]
+        if isinstance(target, _View):
+            raise AttributeError(f"{name!r} is a view onto several modules; replace the modules it names")
+        owner, path = target
+        *parents, last = path.split(".")
+        for part in parents:
+            owner = getattr(owner, part)
+        return owner, last
+
+    def __getattr__(self, name):
+        if isinstance(self._names.get(name), _View):
+            return self._names[name]
+        owner, last = self._place(name)
+        return getattr(owner, last)
+
+    def __setattr__(self, name, value):
+        owner, last = self._place(name)
+        setattr(owner, last, value)
+
+    def __repr__(self):
+        parts = [f"{k}={v!r}" if isinstance(v, _View) else f"{k}={v[1]}" for k, v in self._names.items()]
+        return f"_View({', '.join(parts)})"
+
+
+class TransformersEmbeddings(_Aliases, Embeddings):
+    """The embeddings with transformers' names (``word_embeddings``, ``position_embeddings``,
+    ``token_type_embeddings``, ``LayerNorm``) and its calling convention: ``embeddings(input_ids)``
+    with every other argument optional (positions 0..T-1, segment 0), or ``inputs_embeds=``."""
+
+    aliases = {"word_embeddings": "word", "position_embeddings": "position",
+               "token_type_embeddings": "token_type", "LayerNorm": "norm"}
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                past_key_values_length: int = 0, cache_length: int = 0):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise InputError("embeddings(...): pass exactly one of input_ids and inputs_embeds")
+        shape = tuple(input_ids.shape) if input_ids is not None else tuple(inputs_embeds.shape[:-1])
+        if len(shape) != 2:
+            raise InputError(f"embeddings(...): input of shape {shape}; it must be (batch, tokens)")
+        B, T = shape
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        start = past_key_values_length or cache_length
+        if position_ids is None:
+            position_ids = torch.arange(start, start + T, device=device)[None].expand(B, T)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(B, T, dtype=torch.long, device=device)
+        if inputs_embeds is None:
+            return super().forward(input_ids, token_type_ids, position_ids)
+        placeholder = torch.full((B, T), self.word.padding_idx or 0, dtype=torch.long, device=device)
+        with hooks_at(self.hook_word, lambda x, name: inputs_embeds.to(x.dtype)):
+            return super().forward(placeholder, token_type_ids, position_ids)
+
+
+class TransformersLayer(_Aliases, Block):
+    """A block that returns its output tensor (as transformers 5's ``BertLayer``; attention maps are
+    recorded at ``attn.probs``) and answers transformers' names: ``attention.self.query/key/value``,
+    ``attention.output.dense/LayerNorm``, ``intermediate.dense``, ``output.dense/LayerNorm``."""
+
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        return super().forward(hidden_states, attention_mask)[0]  # (B, T, H)
+
+    @property
+    def attention(self) -> _View:
+        return _View(self=_View(query=(self, "attn.query"), key=(self, "attn.key"), value=(self, "attn.value"),
+                                dropout=(self, "attn.dropout")),
+                     output=_View(dense=(self, "attn.output"), LayerNorm=(self, "attn_norm"),
+                                  dropout=(self, "dropout")))
+
+    @property
+    def intermediate(self) -> _View:
+        return _View(dense=(self, "ffn.dense_in"), intermediate_act_fn=(self, "ffn.act"))
+
+    @property
+    def output(self) -> _View:
+        return _View(dense=(self, "ffn.dense_out"), LayerNorm=(self, "ffn_norm"), dropout=(self, "dropout"))
+
+
+class LayerNamedEncoder(_Aliases, Encoder):
+    """The encoder with its blocks also reachable as ``encoder.layer`` (transformers' name), for reading
+    and for replacing: ``encoder.layer = nn.ModuleList(encoder.layer[:4])`` keeps the first 4 blocks.
+    Its blocks are ``TransformersLayer``: each call returns the block's output tensor."""
+
+    aliases = {"layer": "blocks"}
+
+    def forward(self, x, mask=None, return_probs=False, num_blocks=None, skip_blocks=()):
+        hidden_states = [x]
+        for i, block in enumerate(self.blocks[:num_blocks]):
+            if i not in skip_blocks:
+                x = block(x, mask)  # (B, T, H); block.__call__, so torch hooks on a layer fire
+            hidden_states.append(x)
+        return hidden_states, [None] * (len(hidden_states) - 1)  # maps: recorded by the model's forward
+
+
+@contextmanager
+def hooks_at(point: HookPoint, fn):
+    """``fn`` registered at one hook point for the ``with`` block (the embeddings' own inputs_embeds)."""
+    entry = ("embeddings.word", fn)
+    point.fns.append(entry)
+    HookPoint.registered += 1
+    try:
+        yield
+    finally:
+        HookPoint.registered -= 1
+        point.fns.remove(entry)
+
+
+def _name_as_transformers(model) -> None:
+    """Give ``model``'s own embeddings, encoder and blocks the classes that add transformers' names (the
+    same modules, parameters and numbers; only new names and calling conventions)."""
+    model.embeddings.__class__ = TransformersEmbeddings
+    model.encoder.__class__ = LayerNamedEncoder
+    for block in model.encoder.blocks:
+        block.__class__ = TransformersLayer
 
 
 class TransformersBertModel(BertModel):
-    """The textbook BertModel answering transformers' BertModel calls (see the module docstring). minibert's
-    tools take it as they take any model: ``minibert.tools.hooks.run_with_cache(model, ...)``."""
+    """minibert's BertModel answering transformers' BertModel calls (see the module docstring): the public
+    model (its tool methods, ``minibert.tools`` on it) with transformers' names and outputs on top."""
 
     main_input_name = "input_ids"
     base_model_prefix = "bert"
 
+    #: from_pretrained keyword arguments of transformers that set how outputs look (stored on the config)
+    OUTPUT_OPTIONS = ("output_attentions", "output_hidden_states", "return_dict")
+
     def __init__(self, config, *, add_pooler: bool = True, add_mlm_head: bool = False):
         super().__init__(config, add_pooler=add_pooler, add_mlm_head=add_mlm_head)
-        self.encoder.__class__ = LayerNamedEncoder  # same module, one more name for its blocks
+        _name_as_transformers(self)
 
     @classmethod
-    def from_model(cls, model: BertModel) -> "TransformersBertModel":
-        """The same modules (shared, not copied) behind transformers' calling convention: a
-        ``minibert.BertModel`` (or the textbook one) becomes callable as transformers' BertModel."""
-        with torch.device("meta"):
-            new = cls(model.config, add_pooler=model.pooler is not None,
-                      add_mlm_head=getattr(model, "mlm_head", None) is not None)
-        new.embeddings, new.pooler, new.mlm_head = model.embeddings, model.pooler, getattr(model, "mlm_head", None)
-        new.encoder = model.encoder
-        if type(model.encoder) is Encoder:
-            new.encoder.__class__ = LayerNamedEncoder
-        new.train(model.training)
+    def from_pretrained(cls, source, *, revision=None, dtype=None, device=None, mlm_head=None, torch_dtype=None,
+                        attn_implementation=None, **options):
+        """As ``minibert.BertModel.from_pretrained``, plus transformers' output options
+        (``output_attentions=True``, as bertviz passes; ``output_hidden_states``, ``return_dict``), set on
+        the config as transformers does, ``torch_dtype=`` (its old name for dtype) and
+        ``attn_implementation`` (``"eager"`` or ``"sdpa"``: both give the same numbers here)."""
+        unknown = sorted(set(options) - set(cls.OUTPUT_OPTIONS))
+        if unknown:
+            raise InputError(f"from_pretrained: unsupported argument(s) {', '.join(unknown)}; transformers' "
+                             f"options understood here: {', '.join(cls.OUTPUT_OPTIONS)}, torch_dtype, "
+                             "attn_implementation")
+        if attn_implementation not in (None, "eager", "sdpa"):
+            raise InputError(f"attn_implementation={attn_implementation!r}: use 'eager' or 'sdpa' (the same "
+                             "numbers here: the explicit formula runs whenever maps are asked for)")
+        if torch_dtype is not None and dtype is not None:
+            raise InputError("pass dtype= or its old name torch_dtype=, not both")
+        model = super().from_pretrained(source, revision=revision, dtype=dtype if torch_dtype is None else torch_dtype,
+                                        device=device, mlm_head=mlm_head)
+        for name, value in options.items():
+            setattr(model.config, name, bool(value))
+        return model
+
+    @classmethod
+    def from_model(cls, model: TextbookBertModel) -> "TransformersBertModel":
+        """``model`` behind transformers' calling convention: a new model that shares ``model``'s weights
+        (the same Parameter objects: training one trains the other) in modules of its own. ``model`` itself
+        is left as it was: its class, its modules, its config."""
+        if not isinstance(model, TextbookBertModel):
+            raise TypeError(f"from_model takes a minibert BertModel, got {type(model).__name__}")
+        shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+        new = copy.deepcopy(model, shared)  # new modules around the same parameters
+        new.__class__ = cls
+        new.config = copy.deepcopy(model.config)
+        _name_as_transformers(new)
         new.source = getattr(model, "source", "model")
         return new
 
@@ -118,17 +281,26 @@ class TransformersBertModel(BertModel):
         output_hidden_states = bool(output_hidden_states if output_hidden_states is not None
                                     else getattr(self, "output_hidden_states", False)
                                     or getattr(self.config, "output_hidden_states", False))
-        fns = {}
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        fns: dict[str, list] = {}
         if inputs_embeds is not None:
-            input_ids, fns["embeddings.word"] = self._embeds_hook(inputs_embeds)
+            input_ids, replace = self._embeds_hook(inputs_embeds)
+            fns["embeddings.word"] = [replace]
         if head_mask is not None:
-            fns.update(self._head_mask_hooks(head_mask))
+            for name, fn in self._head_mask_hooks(head_mask).items():
+                fns.setdefault(name, []).append(fn)
+        maps = {}
+        if output_attentions:  # recorded where they are made, after any head mask (as transformers does)
+            for i in range(len(self.encoder.blocks)):
+                fns.setdefault(f"blocks.{i}.attn.probs", []).append(lambda x, name: maps.__setitem__(name, x))
         with hooks(self, fns):
-            out = super().forward(input_ids, attention_mask, token_type_ids, position_ids, output_attentions)  # readable path
+            out = super().forward(input_ids, attention_mask, token_type_ids, position_ids)  # the readable path
         result = ModelOutput(last_hidden_state=out.last_hidden_state, pooler_output=out.pooler_output,
                              hidden_states=out.hidden_states if output_hidden_states else None,
-                             attentions=out.attentions)
-        return result if return_dict is None or return_dict else result.to_tuple()
+                             attentions=tuple(maps[f"blocks.{i}.attn.probs"] for i in range(len(maps)))
+                             if output_attentions else None)
+        return result if return_dict else result.to_tuple()
 
     def _embeds_hook(self, inputs_embeds):
         H = self.config.hidden_size
@@ -226,10 +398,21 @@ TRANSFORMERS_SURFACE = {
         ("state_dict / load_state_dict in transformers' names", True, "checked shapes; buffers ignored"),
         ("from_pretrained(dir | hub id) / save_pretrained(dir)", True, "safetensors only"),
         ("device, dtype, num_parameters(), main_input_name, base_model_prefix", True, ""),
-        ("embeddings.word_embeddings, encoder.layer[i].attention.self.query, ...", False,
-         "submodules keep minibert's names (embeddings.word, blocks[i].attn.query); state_dict translates"),
+        ("embeddings.word_embeddings / position_embeddings / token_type_embeddings / LayerNorm", True,
+         "the same modules as embeddings.word / position / token_type / norm (read and replace)"),
+        ("encoder.layer[i].attention.self.query / key / value, attention.output.dense / LayerNorm, "
+         "intermediate.dense, output.dense / LayerNorm", True,
+         "the block's own modules (attn.query, ..., ffn.dense_out, ffn_norm): read and replace"),
+        ("encoder.layer[i](hidden_states, mask) returns the output tensor", True,
+         "as transformers 5's BertLayer (captum's LayerConductance on a layer)"),
+        ("embeddings(input_ids) / embeddings(inputs_embeds=...)", True, "positions 0..T-1 and segment 0 by default"),
+        ("from_pretrained(..., output_attentions=, output_hidden_states=, return_dict=, torch_dtype=, "
+         "attn_implementation=)", True, "output options stored on the config, as transformers does (bertviz)"),
+        ("torch forward hooks on any submodule (register_forward_hook)", True, "they fire on the readable path"),
+        ("attention.self, attention.output, intermediate, output as modules of their own", False,
+         "views onto the block's modules: named_modules lists minibert's names; hook the modules they name"),
         ("resize_token_embeddings, tie_weights, gradient_checkpointing_enable", False, "not implemented"),
-        ("generate, push_to_hub, attn_implementation, adapters (add_adapter ...)", False,
+        ("generate, push_to_hub, adapters (add_adapter ...)", False,
          "out of scope (encoder only, offline; LoRA lives in minibert.training.lora)"),
     ],
     "BertTokenizerFast": [

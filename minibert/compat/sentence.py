@@ -34,18 +34,14 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..model import BertModel
-from ..analysis.layers import pool as layer_pool
 from ..errors import CheckpointError, InputError
 from ..inputs import check_index
 from ..loading import MODEL_FILES, TOKENIZER_FILES, resolve_source
+from ..models import BertModel
 from ..tokenizer import BertTokenizer
-from ..tools import fast
-from ..tools.batching import collate, plan_batches
-
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+from ..tools.encode import encode_ids
+from ..tools.pooling import POOLING_MODES, pool  # noqa: F401  (pool: sentence-transformers' modes, re-exported)
 # pooling config.json's older spelling: one boolean per mode, in this order
 _LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
                 "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
@@ -53,24 +49,6 @@ _LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max
 MODULE_FILES = ["modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
                 "config_sentence_transformers.json"]
 _FOLDER_FILES = MODULE_FILES + [f for f in (*MODEL_FILES, *TOKENIZER_FILES) if f not in MODULE_FILES]
-
-
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """One sentence-transformers pooling mode: (B, T, H), (B, T) -> (B, H). Rows are right-padded, so
-    cls / max / mean are minibert's own ``analysis.layers.pool`` (the first token is the first real one)."""
-    if mode in ("cls", "max", "mean"):
-        return layer_pool(hidden, attention_mask, mode)
-    mask = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
-    if mode == "mean_sqrt_len_tokens":
-        return (hidden * mask).sum(dim=1) / torch.sqrt(mask.sum(dim=1).clamp(min=1e-9))
-    if mode == "weightedmean":
-        positions = torch.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype, device=hidden.device)
-        weights = mask * positions.view(1, -1, 1)  # (B, T, 1): 1, 2, 3, ... on real tokens
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-    if mode == "lasttoken":
-        last = attention_mask.long().sum(dim=1).clamp(min=1) - 1  # (B,)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    raise InputError(f"pooling mode {mode!r}; sentence-transformers defines {', '.join(POOLING_MODES)}")
 
 
 def is_sentence_folder(source) -> bool:
@@ -124,11 +102,10 @@ class SentenceEncoder:
         if max_seq_length is None:
             max_seq_length = min(tokenizer.model_max_length, model.config.max_position_embeddings)
         check_index("max_seq_length", max_seq_length, 3, model.config.max_position_embeddings, "the model's positions")
-        self.model, self.tokenizer = model.eval(), tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.pooling, self.normalize = pooling, bool(normalize)
         self.max_seq_length, self.do_lower_case = max_seq_length, bool(do_lower_case)
         self.source, self.from_folder = source, from_folder
-        self._fast = fast.prepare(model)
 
     @classmethod
     def from_pretrained(cls, source, *, revision=None, dtype=None, device=None) -> "SentenceEncoder":
@@ -210,24 +187,11 @@ class SentenceEncoder:
 
     def encode_ids(self, ids: Sequence[Sequence[int]], *, batch_size: int | None = 32, max_tokens: int | None = None,
                    progress: bool = False, normalize: bool = False) -> torch.Tensor:
-        """Vectors (N, D) float32 of already tokenised texts (``tokenize(texts)["input_ids"]``), in their order."""
-        out = torch.empty(len(ids), self.get_sentence_embedding_dimension(), dtype=torch.float32)
-        if not len(ids):
-            return out
-        from ..analysis.probing import progress_bar
-
-        bar = progress_bar(len(ids), "encode", progress)
-        with torch.inference_mode():
-            for rows in plan_batches([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens):
-                batch = collate(ids, rows, self.tokenizer.pad_token_id, device=self.model.device)
-                hidden = self._fast(**batch).last_hidden_state  # (B, T, H)
-                vectors = torch.cat([pool(hidden, batch["attention_mask"], m) for m in self.pooling], dim=-1)
-                if self.normalize or normalize:
-                    vectors = F.normalize(vectors, p=2, dim=1)
-                out[torch.as_tensor(rows)] = vectors.float().cpu()
-                bar.update(len(rows))
-        bar.close()
-        return out
+        """Vectors (N, D) float32 of already tokenised texts (``tokenize(texts)["input_ids"]``), in their order
+        (``tools.encode.encode_ids`` with this folder's pooling and normalisation)."""
+        return encode_ids(self.model, ids, self.tokenizer.pad_token_id, pooling=self.pooling,
+                          normalize=self.normalize or normalize, batch_size=batch_size, max_tokens=max_tokens,
+                          progress=progress)
 
 
 def cosine_search(matrix: np.ndarray, queries: np.ndarray, k: int = 5) -> list[list[tuple[int, float]]]:

@@ -31,8 +31,8 @@ they were made from (an in-place edit, a new tensor, ``.to()``: cheap, no walk o
 freed on demand with ``release(model)``; ``cached_bytes(model)`` says what they hold.
 
 Outputs at padded positions are zeros (the readable path leaves arbitrary, unused values there). When
-attention maps, hooks or training mode are involved the call goes to the readable model instead, since
-only it computes those.
+attention maps, hooks (minibert's or torch's own module hooks) or training mode are involved the call
+goes to the readable model instead, since only it computes those.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from ..activations import GELU_APPROXIMATE
 from ..errors import InputError
 from ..hardware import warn_if_slow
+from ..hookpoints import GLOBAL_FORWARD_HOOKS, GLOBAL_FORWARD_PRE_HOOKS
 from ..inputs import check_blocks, check_inputs
 from ..model import BertModel, BertOutput
 from ..quantize import Int8Linear, PackedInt8, concat_rows
@@ -245,6 +246,10 @@ class _Packed:
             self.parts += [(module._parameters, k, v, None) for k, v in module._parameters.items()]
             self.params += [(p, p.data_ptr(), _version(p)) for p in module._parameters.values() if p is not None]
         self.encoder = model.encoder
+        # torch's hook dicts of every module (filled and emptied in place): a torch hook anywhere sends a
+        # call to the readable path, where it fires (captum's layer methods, say)
+        self.hook_dicts = [d for module in model.modules()
+                           for d in (module._forward_hooks, module._forward_pre_hooks)]
         self.threads = torch.get_num_threads()  # the summation blocks found hold for this thread count
         with torch.inference_mode():
             self.blocks = [_FastBlock(b, model.config.hidden_act, fp32_kernel) for b in model.encoder.blocks]
@@ -256,6 +261,10 @@ class _Packed:
         return (model.encoder is not self.encoder or torch.get_num_threads() != self.threads
                 or any(d.get(k) is not v or (n is not None and len(v) != n) for d, k, v, n in self.parts)
                 or any(p.data_ptr() != ptr or _version(p) != version for p, ptr, version in self.params))
+
+    def torch_hooked(self) -> bool:
+        """Whether a torch module hook is registered on any module of the model, or globally."""
+        return any(self.hook_dicts) or bool(GLOBAL_FORWARD_HOOKS or GLOBAL_FORWARD_PRE_HOOKS)
 
     def nbytes(self) -> int:
         total = 0
@@ -325,13 +334,17 @@ class FastBert:
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                  output_attentions=False, *, num_blocks=None, skip_blocks=()) -> BertOutput:
         model = self.model
-        if output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model):
-            return model(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
-                         num_blocks=num_blocks, skip_blocks=skip_blocks)
+        if (output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model)
+                or _packed(model, self.fp32_kernel).torch_hooked()):
+            # the readable path: model.py's own forward, whatever calling convention a subclass adds
+            # (TransformersBertModel); torch hooks on the model's modules fire there
+            return BertModel.forward(model, input_ids, attention_mask, token_type_ids, position_ids,
+                                     output_attentions, num_blocks=num_blocks, skip_blocks=skip_blocks)
+        packed = _packed(model, self.fp32_kernel)
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
         num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
-        blocks = _packed(model, self.fp32_kernel).blocks
+        blocks = packed.blocks
         with torch.inference_mode():
             return _forward(model, blocks, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
                             skip_blocks)
@@ -405,7 +418,11 @@ class Stepper:
         if min(self.lengths) == 0:
             raise InputError("every row needs at least one real token")
         ids, tts, pos = (t.reshape(-1)[where] for t in (input_ids, token_type_ids, position_ids))
-        self.blocks = _packed(model, "auto").blocks
+        packed = _packed(model, "auto")
+        if packed.torch_hooked():
+            raise InputError("Stepper runs the inference fast path, where torch module hooks do not fire: "
+                             "remove them (or run the model itself)")
+        self.blocks = packed.blocks
         self.T = T
         self.rows = torch.arange(B)
         self.workspace = _Workspace()

@@ -13,7 +13,7 @@ and probabilities), exactly as ``output_attentions=True`` does; that path differ
 rounding only (~2e-6 on all-MiniLM-L6-v2's hidden states).
 
 ``EMBEDDING_POINTS``, ``BLOCK_POINTS`` and ``POOLER_POINTS`` below list the points, their shapes and how
-they relate to transformers' outputs and TransformerLens' names (B = batch, T = tokens, H = hidden,
+they relate to transformers' outputs and TransformerLens' names (HookedEncoder's and TransformerBridge's) (B = batch, T = tokens, H = hidden,
 h = heads, d = H / h, F = intermediate size, i = block index); README's table is made from them.
 """
 
@@ -28,41 +28,54 @@ import torch
 from ..errors import InputError
 from ..hookpoints import HookFn, HookPoint
 
-# (name, shape, token axis, description, TransformerLens name). Block points are relative to blocks.i.
-# Documentation and the token axis for patching; the names themselves come from the module tree (a test
-# holds the two to each other).
+# (name, shape, token axis, description, TransformerLens HookedEncoder name, TransformerBridge name). Block
+# points are relative to blocks.i. Documentation and the token axis for patching; the names themselves come
+# from the module tree (a test holds the two to each other).
+#
+# Two TransformerLens vocabularies: HookedEncoder (its own BERT, up to TransformerLens 3) and TransformerBridge,
+# which wraps transformers' BertModel and replaced it. Their words differ on BERT's post-LayerNorm blocks: the
+# bridge's ``hook_attn_out`` is BertAttention's output, after the first LayerNorm (HookedEncoder's is W_O's
+# output); its ``hook_resid_mid`` is the input of the second LayerNorm (HookedEncoder's: of the first); its
+# ``hook_resid_post`` is the block's output, after the second LayerNorm (HookedEncoder's: before it). Bridge
+# names are those of its BERT adapter (blocks.i.ln1 = attention.output.LayerNorm, ln2 = output.LayerNorm,
+# attn.q/k/v/o and mlp.in/out = the linear layers); its q/k/v are (B, T, H), before the head split.
 EMBEDDING_POINTS = [
-    ("embeddings.word", "(B, T, H)", 1, "word (WordPiece) embedding of each token", "embed.hook_embed"),
-    ("embeddings.token_type", "(B, T, H)", 1, "segment (token type) embedding", "embed.hook_token_type_embed"),
-    ("embeddings.position", "(B, T, H)", 1, "position embedding", "embed.hook_pos_embed"),
-    ("embeddings.sum", "(B, T, H)", 1, "(word + token_type) + position, before LayerNorm", "-"),
+    ("embeddings.word", "(B, T, H)", 1, "word (WordPiece) embedding of each token", "embed.hook_embed", "embed.hook_out"),
+    ("embeddings.token_type", "(B, T, H)", 1, "segment (token type) embedding", "embed.hook_token_type_embed", "-"),
+    ("embeddings.position", "(B, T, H)", 1, "position embedding", "embed.hook_pos_embed", "pos_embed.hook_out"),
+    ("embeddings.sum", "(B, T, H)", 1, "(word + token_type) + position, before LayerNorm", "-", "-"),
     ("embeddings.output", "(B, T, H)", 1, "after LayerNorm (and dropout) == hidden_states[0]",
-     "blocks.0.hook_resid_pre"),
+     "blocks.0.hook_resid_pre", "blocks.0.hook_in"),
 ]
 BLOCK_POINTS = [
-    ("input", "(B, T, H)", 1, "block input == hidden_states[i]", "hook_resid_pre"),
-    ("attn.q", "(B, h, T, d)", 2, "queries, split into heads", "attn.hook_q"),
-    ("attn.k", "(B, h, T, d)", 2, "keys, split into heads", "attn.hook_k"),
-    ("attn.v", "(B, h, T, d)", 2, "values, split into heads", "attn.hook_v"),
+    ("input", "(B, T, H)", 1, "block input == hidden_states[i]", "hook_resid_pre", "hook_in (= hook_resid_pre)"),
+    ("attn.q", "(B, h, T, d)", 2, "queries, split into heads", "attn.hook_q", "- (attn.q.hook_out: before the split)"),
+    ("attn.k", "(B, h, T, d)", 2, "keys, split into heads", "attn.hook_k", "- (attn.k.hook_out: before the split)"),
+    ("attn.v", "(B, h, T, d)", 2, "values, split into heads", "attn.hook_v", "- (attn.v.hook_out: before the split)"),
     ("attn.scores", "(B, h, T, T)", 2, "q k^T / sqrt(d) after the padding mask (masked keys = dtype min), "
-                                       "before softmax", "attn.hook_attn_scores"),
+                                       "before softmax", "attn.hook_attn_scores", "-"),
     ("attn.probs", "(B, h, T, T)", 2, "softmax(scores) == attentions[i] (before attention dropout)",
-     "attn.hook_pattern"),
-    ("attn.context", "(B, h, T, d)", 2, "per-head output probs @ v, before heads are merged", "attn.hook_z"),
+     "attn.hook_pattern", "-"),
+    ("attn.context", "(B, h, T, d)", 2, "per-head output probs @ v, before heads are merged", "attn.hook_z",
+     "- (attn.o.hook_in: heads merged)"),
     ("attn.output", "(B, T, H)", 1, "after the output dense W_O (before dropout and the residual)",
-     "hook_attn_out"),
-    ("resid_mid", "(B, T, H)", 1, "input + attn.output, before the first LayerNorm", "hook_resid_mid"),
-    ("attn_norm", "(B, T, H)", 1, "LayerNorm(resid_mid): what the feed-forward reads", "- (ln1's output)"),
-    ("ffn.pre", "(B, T, F)", 1, "W_1 x + b_1, before the activation", "mlp.hook_pre"),
-    ("ffn.post", "(B, T, F)", 1, "act(W_1 x + b_1)", "mlp.hook_post"),
-    ("ffn.output", "(B, T, H)", 1, "W_2 act(...) + b_2 (before dropout and the residual)", "hook_mlp_out"),
-    ("resid_post", "(B, T, H)", 1, "attn_norm + ffn.output, before the second LayerNorm", "hook_resid_post"),
-    ("output", "(B, T, H)", 1, "LayerNorm(resid_post) == hidden_states[i + 1]", "hook_normalized_resid_post"),
+     "hook_attn_out", "attn.o.hook_out"),
+    ("resid_mid", "(B, T, H)", 1, "input + attn.output, before the first LayerNorm", "hook_resid_mid", "ln1.hook_in"),
+    ("attn_norm", "(B, T, H)", 1, "LayerNorm(resid_mid): what the feed-forward reads", "- (ln1's output)",
+     "attn.hook_out (= hook_attn_out), ln1.hook_out"),
+    ("ffn.pre", "(B, T, F)", 1, "W_1 x + b_1, before the activation", "mlp.hook_pre", "mlp.in.hook_out"),
+    ("ffn.post", "(B, T, F)", 1, "act(W_1 x + b_1)", "mlp.hook_post", "mlp.out.hook_in"),
+    ("ffn.output", "(B, T, H)", 1, "W_2 act(...) + b_2 (before dropout and the residual)", "hook_mlp_out",
+     "mlp.out.hook_out (= hook_mlp_out)"),
+    ("resid_post", "(B, T, H)", 1, "attn_norm + ffn.output, before the second LayerNorm", "hook_resid_post",
+     "ln2.hook_in (= hook_resid_mid)"),
+    ("output", "(B, T, H)", 1, "LayerNorm(resid_post) == hidden_states[i + 1]", "hook_normalized_resid_post",
+     "hook_out (= hook_resid_post), ln2.hook_out"),
 ]
-POOLER_POINTS = [("pooler.output", "(B, H)", None, "tanh(W h_[CLS] + b) == pooler_output", "-")]
+POOLER_POINTS = [("pooler.output", "(B, H)", None, "tanh(W h_[CLS] + b) == pooler_output", "-", "-")]
 
 
-def point_table(num_blocks: int, with_pooler: bool = True) -> list[tuple[str, str, int | None, str, str]]:
+def point_table(num_blocks: int, with_pooler: bool = True) -> list[tuple[str, str, int | None, str, str, str]]:
     """Every hook point of a model with ``num_blocks`` blocks, in the order the forward pass meets them."""
     rows = list(EMBEDDING_POINTS)
     for i in range(num_blocks):
@@ -72,14 +85,21 @@ def point_table(num_blocks: int, with_pooler: bool = True) -> list[tuple[str, st
 
 def markdown_table() -> str:
     """The README's table of points (a test keeps the two equal)."""
-    rows = ["| point | shape | what it is | TransformerLens (HookedEncoder) |", "|---|---|---|---|"]
+    rows = ["| point | shape | what it is | TransformerLens HookedEncoder | TransformerLens TransformerBridge |",
+            "|---|---|---|---|---|"]
 
     def tl(name, prefix=""):
-        return "-" if name == "-" else ("- " + name[2:] if name.startswith("- ") else f"`{prefix}{name}`")
+        if name == "-":
+            return "-"
+        if name.startswith("- "):
+            return "- " + name[2:]
+        main, _, note = name.partition(" (")
+        return f"`{prefix}{main}`" + (f" ({note}" if note else "")
 
-    rows += [f"| `{n}` | {shape} | {text} | {tl(t)} |" for n, shape, _, text, t in EMBEDDING_POINTS]
-    rows += [f"| `blocks.i.{n}` | {shape} | {text} | {tl(t, 'blocks.i.')} |" for n, shape, _, text, t in BLOCK_POINTS]
-    rows += [f"| `{n}` | {shape} | {text} | {tl(t)} |" for n, shape, _, text, t in POOLER_POINTS]
+    rows += [f"| `{n}` | {shape} | {text} | {tl(t)} | {tl(b)} |" for n, shape, _, text, t, b in EMBEDDING_POINTS]
+    rows += [f"| `blocks.i.{n}` | {shape} | {text} | {tl(t, 'blocks.i.')} | {tl(b, 'blocks.i.')} |"
+             for n, shape, _, text, t, b in BLOCK_POINTS]
+    rows += [f"| `{n}` | {shape} | {text} | {tl(t)} | {tl(b)} |" for n, shape, _, text, t, b in POOLER_POINTS]
     return "\n".join(rows)
 
 

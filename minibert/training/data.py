@@ -69,7 +69,7 @@ def tagging_batches(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequenc
                     shuffle: bool = True, seed: int = 0) -> Callable[[int], Iterator[dict]]:
     """``batches(epoch)`` for token classification: each word's first sub-word carries its tag's id,
     every other position (later pieces, special tokens, padding) -100, which the loss ignores."""
-    from ..analysis.probing import assign_pieces, word_spans
+    from ..words import assign_pieces, word_spans
 
     if len(sentences) != len(tags) or any(len(w) != len(t) for w, t in zip(sentences, tags)):
         raise InputError("sentences and tags must have the same lengths, sentence by sentence")
@@ -100,7 +100,7 @@ def tagging_batches(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequenc
 def tag_words(model, tokenizer, sentences: Sequence[Sequence[str]], *, batch_size: int = 32,
               max_length: int | None = 128) -> list[list[str]]:
     """Each word's predicted tag (from its first sub-word); words cut off by truncation get "O"."""
-    from ..analysis.probing import assign_pieces, word_spans
+    from ..words import assign_pieces, word_spans
 
     names = model.config.id2label
     out = []

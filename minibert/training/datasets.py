@@ -80,7 +80,7 @@ def read_tagged(path, *, column: str = "upos") -> tuple[list[list[str]], list[li
     tab or space, BIO tag; a blank line between sentences)."""
     path = Path(path)
     if path.suffix.lower() == ".conllu":
-        from ..analysis.probing import read_conllu
+        from ..textfiles import read_conllu
 
         data = read_conllu(path, column=column)
         return [w for w, _ in data], [[t if t is not None else "O" for t in tags] for _, tags in data]

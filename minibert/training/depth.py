@@ -32,8 +32,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import InputError
-from ..heads import BertForSequenceClassification, sequence_loss
-from ..analysis.layers import pool
+from ..models.heads import BertForSequenceClassification, sequence_loss
+from ..tools.pooling import pool
 from ..inputs import check_index
 from ..tools.fast import Stepper
 

@@ -44,14 +44,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..analysis.layers import pool
+from ..tools.pooling import pool
 from ..errors import InputError
-from ..heads import BertForSequenceClassification, BertForTokenClassification
+from ..models.heads import BertForSequenceClassification, BertForTokenClassification
 from ..inputs import check_index
 from ..model import BertModel
+from ..models import BertModel as PublicBertModel
 from ..tokenizer import BertTokenizer
 from ..tools import fast
 from ..tools.batching import collate, plan_batches
+from ..tools.encode import encode_texts, encoder_of
 from ..tools.surgery import check_dropout, dropout, freeze, keep_blocks
 from . import metrics
 from .data import _epoch_rows, classification_batches, tag_words, tagging_batches
@@ -63,14 +65,6 @@ POOLINGS = ("mean", "cls", "max")
 
 
 # --------------------------------------------------------------------------------------------- student
-def encoder_of(model: nn.Module) -> BertModel:
-    """The BertModel inside a task model (``model.bert``), or the model itself."""
-    encoder = getattr(model, "bert", model)
-    if not isinstance(encoder, BertModel):
-        raise InputError(f"expected a minibert BertModel or task model, got {type(model).__name__}")
-    return encoder
-
-
 def default_blocks(num_blocks: int) -> list[int]:
     """Every other block from the bottom, as DistilBERT: 0, 2, 4 of 6; 0, 2, ..., 10 of 12."""
     return list(range(0, num_blocks, 2))
@@ -363,25 +357,10 @@ def augment_texts(texts: Sequence[str], n: int, *, seed: int = 0, drop: float = 
 
 def embed(model: BertModel, tokenizer, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = False,
           batch_size: int = 64, max_length: int | None = 128) -> torch.Tensor:
-    """Pooled sentence vectors (len(texts), H) on the fast path, batched in length order."""
-    encoder = encoder_of(model)
-    run = fast.prepare(encoder)
-    ids = tokenizer(list(texts), truncation=True, max_length=max_length, return_token_type_ids=False,
-                    return_attention_mask=False)["input_ids"]
-    out = torch.empty(len(texts), encoder.config.hidden_size)
-    with torch.inference_mode():
-        for rows in plan_batches([len(x) for x in ids], batch_size=batch_size):
-            batch = collate(ids, rows, tokenizer.pad_token_id, device=encoder.device)
-            vectors = pool(run(**batch).last_hidden_state, batch["attention_mask"], pooling).float()
-            out[torch.as_tensor(rows)] = (F.normalize(vectors, dim=-1) if normalize else vectors).cpu()
-    return out
-
-
-def _ranks(x: torch.Tensor) -> torch.Tensor:
-    """Ranks 0..n-1 (ties broken by position: cosines of different sentences are almost never equal)."""
-    r = torch.empty_like(x)
-    r[x.argsort()] = torch.arange(len(x), dtype=x.dtype)
-    return r
+    """Pooled sentence vectors (len(texts), H) float32 on the fast path, batched in length order
+    (``tools.encode.encode_texts``)."""
+    return encode_texts(model, tokenizer, texts, pooling=pooling, normalize=normalize, batch_size=batch_size,
+                        max_length=max_length)
 
 
 def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Tensor, *, k: int = 10) -> dict:
@@ -397,14 +376,12 @@ def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Te
     sim_a, sim_b = a @ a.T, b @ b.T  # (n, n)
     upper = torch.triu_indices(n, n, 1)
     x, y = sim_a[upper[0], upper[1]], sim_b[upper[0], upper[1]]
-    rx, ry = _ranks(x), _ranks(y)
-    spearman = float(torch.corrcoef(torch.stack([rx, ry]))[0, 1])
+    rank_correlation = metrics.spearman(x, y)  # ties averaged
     eye = torch.eye(n, dtype=torch.bool)
     top_a = sim_a.masked_fill(eye, -2).topk(k, -1).indices
     top_b = sim_b.masked_fill(eye, -2).topk(k, -1).indices
     overlap = sum(len(set(p.tolist()) & set(q.tolist())) for p, q in zip(top_a, top_b)) / (n * k)
-    return {"spearman": spearman, "top_k_overlap": overlap, "k": k,
-            "pearson": float(torch.corrcoef(torch.stack([x, y]))[0, 1])}
+    return {"spearman": rank_correlation, "top_k_overlap": overlap, "k": k, "pearson": metrics.pearson(x, y)}
 
 
 def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts: Sequence[str], *,
@@ -506,7 +483,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
             raise InputError(f"{len(eval_texts)} non-empty held-out text(s); the agreement needs at least 3")
     if augment:
         texts = texts + augment_texts(texts, augment, seed=config.seed)
-    teacher = BertModel.from_pretrained(teacher_source, mlm_head=False).eval()
+    teacher = PublicBertModel.from_pretrained(teacher_source, mlm_head=False).eval()
     tokenizer = BertTokenizer.from_pretrained(teacher_source)
     blocks = list(student_blocks) if student_blocks is not None else default_blocks(teacher.config.num_hidden_layers)
     student = init_student(teacher, blocks).train()

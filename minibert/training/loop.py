@@ -244,7 +244,7 @@ def _step(model, optimizer, scheduler, config: FitConfig, scaler=None) -> None:
 
 
 def _bar(total: int, desc: str, enabled: bool):
-    from ..analysis.probing import progress_bar
+    from ..tools.progress import progress_bar
 
     bar = progress_bar(total, desc, enabled)
     if hasattr(bar, "unit"):

@@ -6,12 +6,14 @@ A frozen weight W (out, in) gets a trainable low-rank update:
 
 A starts random (Kaiming-uniform, as the paper's reference code), B at zero, so training starts from the
 pretrained model exactly. Only A and B train: for BERT-base with r = 8 on query and value that is 0.27 %
-of the parameters. ``merge`` folds B A (alpha / r) into W, giving plain nn.Linear layers again (no cost at
+of the parameters. Any linear layer can be adapted (the attention projections, the feed-forward), chosen by
+name or pattern (``apply_lora(model, targets=("query", "value", "dense_in"))``). ``merge`` folds B A (alpha / r) into W, giving plain nn.Linear layers again (no cost at
 inference, and a checkpoint transformers reads); ``adapter_state`` is the small part worth saving alone.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 
 import torch
@@ -21,7 +23,12 @@ from ..errors import InputError
 
 
 class LoRALinear(nn.Module):
-    """``base`` (an nn.Linear, frozen) plus the low-rank update ``(alpha / r) B A``."""
+    """``base`` (an nn.Linear, frozen; with or without a bias) plus the low-rank update ``(alpha / r) B A``.
+
+    It reads like the Linear it adapts: ``weight`` is the effective (out, in) matrix W + (alpha / r) B A
+    (computed on access, with autograd through A and B), ``bias``, ``in_features`` and ``out_features``
+    are the base layer's. So code that reads a Linear's weights -- the fast path's fused products, an
+    analysis of W_Q -- sees what this layer computes (dropout on the LoRA branch acts in training only)."""
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
         super().__init__()
@@ -34,42 +41,95 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.dropout = nn.Dropout(dropout)
 
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:  # (out, in): the merged product
+        return self.base.weight + (self.lora_B @ self.lora_A) * self.scale
+
+    @property
+    def bias(self) -> torch.Tensor | None:  # (out,) or None
+        return self.base.bias
+
     def forward(self, x):  # (..., in)
         return self.base(x) + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale  # (..., out)
 
     def merged(self) -> nn.Linear:
-        """A plain nn.Linear computing the same function: W + (alpha / r) B A."""
+        """A plain nn.Linear computing the same function: W + (alpha / r) B A (no bias if the base has none)."""
         with torch.no_grad():
-            weight = self.base.weight + (self.lora_B @ self.lora_A) * self.scale
-        linear = nn.Linear(self.base.in_features, self.base.out_features, device=weight.device, dtype=weight.dtype)
+            weight = self.weight
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=weight.device,
+                           dtype=weight.dtype)
         with torch.no_grad():
             linear.weight.copy_(weight)
-            linear.bias.copy_(self.base.bias)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        linear.train(self.training)
         return linear
+
+    def extra_repr(self) -> str:
+        return f"r={self.r}, scale={self.scale:g}"
+
+
+#: the short target names: the attention projections and the feed-forward layers of every block
+SHORT_TARGETS = ("query", "key", "value", "output", "dense_in", "dense_out")
+
+
+def lora_targets(model: nn.Module, targets) -> list[str]:
+    """The names (as ``named_modules()`` gives them) of the nn.Linear layers of ``model`` that ``targets``
+    choose. A target is a short name, matched as the last part of a block's linear layer (``query``,
+    ``key``, ``value``, ``output`` in attention; ``dense_in``, ``dense_out`` in the feed-forward), or a
+    dotted name or shell-style pattern matched against the full names or their last parts (``*.ffn.*``,
+    ``blocks.0.attn.query``, ``encoder.blocks.1[01].attn.*``). Each target must choose at least one layer."""
+    if isinstance(targets, str):
+        targets = (targets,)
+    targets = tuple(targets)
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise InputError(f"targets={targets!r}: give layer names or patterns, e.g. ('query', 'value') or '*.ffn.*'")
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))}
+    in_blocks = [n for n in linears if ".blocks." in f".{n}"]
+    chosen: list[str] = []
+    for target in targets:
+        if any(c in target for c in "*?[") or "." in target:  # the full name, or its last parts
+            found = [n for n in linears if fnmatch.fnmatchcase(n, target) or fnmatch.fnmatchcase(n, "*." + target)]
+        else:
+            found = [n for n in in_blocks if n.rpartition(".")[2] == target]
+        if not found:
+            raise InputError(f"LoRA targets: {target!r} matches no linear layer; short names: {SHORT_TARGETS}; "
+                             f"full names look like {in_blocks[0] if in_blocks else next(iter(linears), '?')!r} "
+                             "(shell patterns allowed)")
+        chosen += [n for n in found if n not in chosen]
+    nested = [n for n in chosen if ".base" in f".{n}" or n.endswith(".base")]
+    adapted = [n for n in chosen if isinstance(linears[n], LoRALinear)]
+    if adapted or nested:
+        raise InputError(f"{(adapted or nested)[0]} already has LoRA")
+    return chosen
 
 
 def apply_lora(model: nn.Module, *, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
                targets=("query", "value"), train: tuple[str, ...] = ("classifier", "qa_outputs")) -> nn.Module:
-    """Freeze ``model`` and wrap every attention projection named in ``targets`` (of query, key, value,
-    output) in LoRA. Modules whose attribute name is in ``train`` (the task head) stay trainable."""
+    """Freeze ``model`` and wrap the linear layers that ``targets`` choose in LoRA, in place (see
+    ``lora_targets``: short names such as ``query`` or ``dense_in``, or patterns such as ``*.ffn.*``).
+    Modules whose attribute name is in ``train`` (the task head) stay trainable. An int8 model is refused
+    (LoRA trains fp32 weights: adapt, merge, then quantise)."""
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise InputError(f"r={r!r} must be a positive int (the rank)")
-    unknown = set(targets) - {"query", "key", "value", "output"}
-    if unknown or not targets:
-        raise InputError(f"targets {tuple(targets)}: choose among query, key, value, output")
+    if getattr(model, "quantized", None) or getattr(getattr(model, "bert", None), "quantized", None):
+        raise InputError("this model is int8-quantised (inference only): apply LoRA to the fp32 model, "
+                         "merge_lora, then quantise")
+    names = lora_targets(model, targets)
     for p in model.parameters():
         p.requires_grad_(False)
-    wrapped = 0
-    for name, module in list(model.named_modules()):
-        if type(module).__name__ == "MultiHeadSelfAttention":
-            for target in targets:
-                layer = getattr(module, target)
-                if isinstance(layer, LoRALinear):
-                    raise InputError(f"{name}.{target} already has LoRA")
-                setattr(module, target, LoRALinear(layer, r, alpha, dropout))
-                wrapped += 1
-    if not wrapped:
-        raise InputError("no attention layer found to adapt")
+    for name in names:
+        parent_name, _, attribute = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attribute, LoRALinear(getattr(parent, attribute), r, alpha, dropout))
     for attribute in train:
         head = getattr(model, attribute, None)
         if head is not None:

@@ -8,8 +8,9 @@ another type, and continues over ``I-X``.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
+
+import torch
 
 from ..errors import InputError
 
@@ -17,7 +18,7 @@ from ..errors import InputError
 def _same_length(a: Sequence, b: Sequence) -> None:
     if len(a) != len(b):
         raise InputError(f"predictions ({len(a)}) and gold labels ({len(b)}) differ in length")
-    if not a:
+    if len(a) == 0:
         raise InputError("no examples to evaluate")
 
 
@@ -39,31 +40,31 @@ def macro_f1(predicted: Sequence, gold: Sequence) -> float:
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """The linear correlation of ``x`` and ``y`` (sequences or tensors), in float64; NaN when either is
+    constant."""
     _same_length(x, y)
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sx = math.sqrt(sum((a - mx) ** 2 for a in x))
-    sy = math.sqrt(sum((b - my) ** 2 for b in y))
-    return float("nan") if sx == 0 or sy == 0 else sxy / (sx * sy)
+    a, b = (torch.as_tensor(v, dtype=torch.float64).flatten() for v in (x, y))
+    a, b = a - a.mean(), b - b.mean()
+    sx, sy = float(a.norm()), float(b.norm())
+    return float("nan") if sx == 0 or sy == 0 else float((a @ b) / (sx * sy))
 
 
-def _ranks(values: Sequence[float]) -> list[float]:
-    """Ranks from 1, ties getting the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+def ranks(values: Sequence[float]) -> torch.Tensor:
+    """Ranks from 1 (float64), ties getting the mean of the ranks they span (scipy's ``rankdata``)."""
+    x = torch.as_tensor(values, dtype=torch.float64).flatten()
+    ordered, order = x.sort(stable=True)
+    _, group, counts = torch.unique_consecutive(ordered, return_inverse=True, return_counts=True)
+    last = counts.cumsum(0).to(torch.float64)  # the last rank of each run of equal values
+    mean = last - (counts.to(torch.float64) - 1) / 2
+    out = torch.empty_like(x)
+    out[order] = mean[group]
+    return out
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    return pearson(_ranks(x), _ranks(y))
+    """The rank correlation: Pearson's of the ranks, ties averaged (scipy's ``spearmanr``)."""
+    _same_length(x, y)
+    return pearson(ranks(x), ranks(y))
 
 
 def entities(tags: Sequence[str]) -> set[tuple[str, int, int]]:

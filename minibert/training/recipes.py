@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -16,10 +17,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..analysis.layers import ScalarMix, pool
+from ..analysis.layers import ScalarMix
+from ..tools.pooling import pool
 from ..errors import InputError
-from ..heads import BertForSequenceClassification, ClassifierOutput, sequence_loss
-from ..model import BertModel
+from ..models.heads import BertForSequenceClassification, ClassifierOutput, sequence_loss
+from ..models import BertModel
 
 
 def gradual_unfreezing(every: int = 1) -> Callable[[nn.Module, int], None]:
@@ -62,8 +64,8 @@ class ScalarMixClassifier(nn.Module):
         self.bert = encoder
         for p in encoder.parameters():
             p.requires_grad_(False)
-        self.config = encoder.config
-        self.config.id2label, self.config.problem_type = dict(enumerate(names)), problem_type
+        # a config of its own: the encoder's stays as it was (no labels written into it)
+        self.config = dataclasses.replace(encoder.config, id2label=dict(enumerate(names)), problem_type=problem_type)
         self.mix = ScalarMix(self.config.num_hidden_layers + 1)
         self.classifier = nn.Linear(self.config.hidden_size, len(names))
         generator = torch.Generator().manual_seed(seed)
@@ -86,7 +88,8 @@ class ScalarMixClassifier(nn.Module):
     _predicting = BertForSequenceClassification._predicting
 
     def save_pretrained(self, directory) -> None:
-        self.bert.save_pretrained(directory)  # config.json carries id2label
+        self.bert.save_pretrained(directory)
+        self.config.to_json_file(Path(directory) / "config.json")  # the encoder's config, with id2label
         save_file({name: p.detach().contiguous() for name, p in
                    [("mix.scalar_parameters", self.mix.scalar_parameters), ("mix.gamma", self.mix.gamma),
                     ("classifier.weight", self.classifier.weight), ("classifier.bias", self.classifier.bias)]},

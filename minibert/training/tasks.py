@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError
-from ..heads import BertForSequenceClassification, BertForTokenClassification
+from ..models.heads import BertForSequenceClassification, BertForTokenClassification
 from ..loading import copy_tokenizer, load_model
-from ..model import BertModel
+from ..models import BertModel
 from ..tokenizer import BertTokenizer
 from . import ddp, metrics
 from .depth import LayerDrop

@@ -20,14 +20,15 @@ import copy
 
 import torch
 
-from .analysis.parity import ParityReport, compare, make_batches, minibert_runner, transformers_runner
-from .errors import InputError
+from ..analysis.parity import ParityReport, compare, make_batches, minibert_runner, transformers_runner
+from ..errors import InputError
 
 
 def _runner(side, dtype):
-    from .model import BertModel
+    from ..model import BertModel as AnyBertModel  # the textbook class: every minibert model is one
+    from ..models import BertModel
 
-    if isinstance(side, BertModel):
+    if isinstance(side, AnyBertModel):
         return minibert_runner(side), getattr(side, "source", "minibert model"), side
     if isinstance(side, torch.nn.Module):  # transformers' BertModel (or anything with its call convention)
         return transformers_runner(side), type(side).__name__, side
@@ -38,7 +39,7 @@ def _runner(side, dtype):
 def bert_parity(a, b, *, texts=None, pairs=None, batches=None, tokenizer=None, atol: float = 1e-5,
                 dtype=None) -> ParityReport:
     """The per-layer report for ``a`` vs ``b`` (see ``assert_bert_close``)."""
-    from .tokenizer import BertTokenizer
+    from ..tokenizer import BertTokenizer
 
     run_a, name_a, _ = _runner(a, dtype)
     run_b, name_b, _ = _runner(b, dtype)
@@ -98,7 +99,7 @@ def fp32_noise_floor(model, batch) -> float:
     -- and never less than one fp32 ulp of the largest hidden value. Matrix products on different CPUs
     (Intel or AMD, AVX2, AVX-512, AMX) sum in different orders, so any other fp32 implementation, like
     ``minibert.tools.fast``, can only be held to a multiple of this, measured on the same CPU and inputs."""
-    from .model import BertModel
+    from ..model import BertModel
 
     if not isinstance(model, BertModel):
         raise TypeError(f"fp32_noise_floor takes a minibert BertModel, got {type(model).__name__}")

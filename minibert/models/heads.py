@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import BertConfig
-from .errors import InputError
-from .loading import load_model, load_task_model, save_model
-from .model import BertModel
-from .tokenizer import BertTokenizer
+from ..config import BertConfig
+from ..errors import InputError
+from ..loading import load_model, load_task_model, save_model
+from ..tokenizer import BertTokenizer
+from .bert import BertModel
 
 
 @dataclass

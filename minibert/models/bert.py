@@ -8,8 +8,8 @@ below is also reachable as a plain function, e.g. ``hooks.run_with_cache(model, 
 
 from __future__ import annotations
 
-from .model import BertModel as TextbookBertModel
-from .tools import accounting, fast, hooks, surgery
+from ..model import BertModel as TextbookBertModel
+from ..tools import accounting, fast, hooks, surgery
 
 
 class BertModel(TextbookBertModel):

@@ -1,6 +1,6 @@
 """Embedding more text than one machine holds, on Ray Data (optional extra: ``pip install "minibert[ray]"``).
 
-    from minibert.distributed import embed_dataset
+    from minibert.compat.ray import embed_dataset
     report = embed_dataset(["shards/part-000.txt", "shards/*.jsonl"], "vectors/", model="weights/all-MiniLM-L6-v2",
                            workers=4, max_tokens=8192)
     # vectors/*.parquet: one row per text, columns id (string) and vector (fixed-size list of float32)
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .errors import InputError, MissingExtra
+from ..errors import InputError, MissingExtra
 
 TEXT_SUFFIXES = (".txt", ".text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -120,7 +120,7 @@ class _Embedder:
                  fail_on: Sequence[str] = ()):
         import torch
 
-        from .compat.sentence import SentenceEncoder
+        from .sentence import SentenceEncoder
 
         if threads:
             torch.set_num_threads(threads)

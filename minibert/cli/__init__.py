@@ -1,0 +1,107 @@
+"""The ``minibert`` command line: one module per group of commands, each command's options beside its handler.
+
+    minibert encode "some text" ["another text" ...] [--model M] [--layer -1] [--pool cls|mean] [--json]
+    minibert embed texts.txt --layers -4: --pool mean --out vectors.npy
+    minibert search corpus.txt "a query" [-k 5] [--index idx.npy]
+    minibert layers "some text" [--model M] [--plot out.png]
+    minibert probe data.conllu [--model M] [--column upos] [--plot out.png]
+    minibert map data.conllu|data.csv|texts.txt --model M --out map.png [--layers all] [--method pca|tsne|umap]
+    minibert fill "The capital of France is [MASK]." [--model M] [--top-k 5] [--lens] [--plot lens.png]
+    minibert parity --model M [--against B] [--dtype fp32|bf16|fp16|int8] [--texts FILE] [--json out.json] [--atol X]
+    minibert inspect [--model M] [--batch 8] [--lengths 128,512]
+    minibert finetune --train train.csv --eval test.csv --model M --out DIR [--task classify|regress|tag] ...
+    minibert predict DIR texts.txt
+    minibert distill --teacher T --out DIR --texts corpus.txt [--student-blocks 0,2,4]      (sentence embeddings)
+    minibert distill --teacher FINETUNED --out DIR --train train.csv --eval test.csv [--task classify|tag]
+    minibert exits --model FINETUNED --train train.csv --eval test.csv --out DIR [--joint]        (early exit)
+
+    cli/common.py     options written once (parent parsers), loading, truncation reports, file checks
+    cli/encoding.py   encode, embed, search
+    cli/analysis.py   layers, probe, map, fill, parity, inspect
+    cli/training.py   finetune, predict, distill, exits
+
+A new command: an ``add_<name>(sub)`` that builds its sub-parser (shared options from ``common``) and sets
+``func``, then ``cmd_<name>(args)`` right below it, calling library functions; list ``add_<name>`` in its
+module's ``COMMANDS``. ``parity`` exits 1 when a layer differs by more than the tolerance.
+
+Errors about what the user gave -- files, models, checkpoints, options, inputs -- are printed as one line
+(``minibert: error: ...``), exit code 2; anything else is a bug and keeps its traceback. Output cut short
+by a closed pipe (``minibert encode ... | head``) ends quietly. Texts longer than ``--max-length`` tokens
+(default: the model's limit, 512) are truncated, and the command says how many on stderr.
+
+Only argparse is imported up front: ``--help`` and argument errors never wait for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+
+from ..errors import InputError, MissingExtra
+from . import analysis, encoding, training
+from .common import DEFAULT_MODEL, read_lines  # noqa: F401  (public: minibert.cli.read_lines)
+
+#: the order ``minibert --help`` lists them in
+COMMANDS = [encoding.add_encode, analysis.add_layers, analysis.add_probe, encoding.add_embed, encoding.add_search,
+            analysis.add_inspect, analysis.add_parity, analysis.add_fill, training.add_finetune,
+            training.add_distill, training.add_exits, analysis.add_map, training.add_predict]
+assert set(COMMANDS) == set(encoding.COMMANDS + analysis.COMMANDS + training.COMMANDS), "a command left unlisted"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minibert", description="A readable, exact BERT encoder.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def _join_negative_values(argv):
+    """Let `--layers -4:` work: argparse would take '-4:' for an option."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--layers", "--layer") and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+#: what a user can cause and fix: printed as one line. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (InputError, MissingExtra, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+               PermissionError)
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None):
+    """Warnings as one line on stderr, like errors (no source file and line of minibert's internals)."""
+    print(f"minibert: warning: {message}", file=sys.stderr if file is None else file)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
+    if (getattr(args, "batch_size", 1) or 1) < 1:
+        parser.error("--batch-size must be >= 1")
+    try:
+        with warnings.catch_warnings():  # restores showwarning afterwards (main may be called in-process)
+            warnings.showwarning = _warning_line
+            code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`minibert encode ... | head`): stop quietly, as Unix tools do. Point stdout
+        # at /dev/null so the interpreter's final flush cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # killed by SIGPIPE, as a shell reports it
+    except KeyboardInterrupt:
+        return 130
+    except USER_ERRORS as e:
+        parser.exit(2, f"minibert: error: {e}\n")
+    except OSError as e:  # the disk is full, a device failed, ...: about the machine, not minibert
+        if e.filename is None:
+            raise
+        parser.exit(2, f"minibert: error: {e}\n")

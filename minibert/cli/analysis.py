@@ -1,0 +1,276 @@
+"""Commands that study a model: ``layers`` (per-layer statistics and CKA of one text), ``probe`` (linear
+probes per layer on CoNLL-U labels), ``map`` (2-D maps per layer), ``fill`` (masked-LM predictions and the
+logit lens), ``parity`` (per-layer differences against transformers or another checkpoint) and ``inspect``
+(parameters, FLOPs, memory). The work is done by ``minibert.analysis`` and ``minibert.tools``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import InputError
+from .common import (MODEL_HELP, PLOT_FORMATS, load, max_length_option, model_option, output_file, plot_file,
+                     plot_option, quiet_option, read_lines, report_truncation, seed_option, tokenize)
+
+
+# ------------------------------------------------------------------------------------------- layers
+def add_layers(sub) -> None:
+    p = sub.add_parser("layers", help="per-layer table (norms, similarity) and a CKA heatmap for one text",
+                       parents=[model_option(), plot_option("the layer-similarity heatmap"), max_length_option()])
+    p.add_argument("text")
+    p.add_argument("--exclude-special", action="store_true", help="leave [CLS] and [SEP] out of the statistics")
+    p.set_defaults(func=cmd_layers)
+
+
+def cmd_layers(args) -> int:
+    import torch
+
+    from ..analysis import layers as L
+
+    plot = plot_file(args.plot)
+    model, tokenizer = load(args.model, max_length=args.max_length)
+    truncated = []
+    batch = tokenize(tokenizer, [args.text], args.max_length, truncated)
+    report_truncation(truncated, 1, args.max_length or tokenizer.model_max_length)
+    with torch.inference_mode():
+        out = model(**batch)
+    mask = batch["attention_mask"]
+    exclude = [tokenizer.vocab[tokenizer.cls_token], tokenizer.vocab[tokenizer.sep_token]] if args.exclude_special else []
+    stats = L.layer_statistics(out.hidden_states, L.token_mask(mask, batch["input_ids"], exclude))
+    cka = L.cka_matrix(out.hidden_states, mask, batch["input_ids"], exclude)
+    tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+    print(f"{args.text!r} -> {len(tokens)} tokens: {' '.join(tokens)}")
+    print(f"model {args.model}: hidden_states[0] = embeddings output, [1..{len(out.hidden_states) - 1}] = blocks"
+          + ("; [CLS]/[SEP] excluded" if exclude else ""))
+    print(f"{'layer':>5}  {'norm mean':>9}  {'norm std':>8}  {'cos prev':>8}  {'cos last':>8}  {'CKA last':>8}")
+    for i in range(len(out.hidden_states)):
+        prev = stats["cos_previous"][i]
+        print(f"{i:>5}  {float(stats['norm_mean'][i]):>9.3f}  {float(stats['norm_std'][i]):>8.3f}  "
+              f"{'-' if prev != prev else f'{float(prev):.3f}':>8}  {float(stats['cos_last'][i]):>8.3f}  "
+              f"{float(cka[i, -1]):>8.3f}")
+    if args.plot:
+        from ..analysis.plots import similarity_heatmap
+
+        text = args.text if len(args.text) <= 60 else args.text[:57].rstrip() + "..."
+        path = similarity_heatmap(cka, plot, title=f"Linear CKA between layers: {text!r}")
+        print(f"wrote {path}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- probe
+def add_probe(sub) -> None:
+    p = sub.add_parser("probe", help="train a linear probe per layer on word labels from a CoNLL-U file",
+                       parents=[model_option(), plot_option("the accuracy-per-layer curve"), seed_option(),
+                                quiet_option()])
+    p.add_argument("data", help="a .conllu file")
+    p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
+    p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.set_defaults(func=cmd_probe)
+
+
+def cmd_probe(args) -> int:
+    from ..analysis.probing import probe_model
+    from ..textfiles import read_conllu
+
+    plot = plot_file(args.plot)
+    data = read_conllu(args.data, column=args.column)
+    model, tokenizer = load(args.model)
+    result = probe_model(model, tokenizer, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed,
+                         progress=not args.quiet)
+    print(f"probing {args.column} in {args.data} ({len(data)} sentences) with {args.model}, pool={args.pool}, "
+          f"seed={args.seed}")
+    print(result.table())
+    if args.plot:
+        from ..analysis.plots import probe_curve
+
+        print(f"wrote {probe_curve(result, plot, title=f'Linear probe for {args.column}, per layer')}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- map
+def add_map(sub) -> None:
+    p = sub.add_parser("map", help="2-D maps of word, sentence or word-occurrence vectors, one panel per layer",
+                       parents=[model_option(), seed_option(), quiet_option()])
+    p.add_argument("data", help=".conllu (words by --column), .csv/.tsv/.jsonl (sentences by --label-column, or "
+                   "occurrences of --word), .txt with --word")
+    p.add_argument("--out", required=True, help="the figure (" + PLOT_FORMATS + ")")
+    p.add_argument("--layers", default="all", help="hidden states to show: all, 0,3,6, -3: (default all)")
+    p.add_argument("--method", default="pca", help="pca (default), tsne (scikit-learn) or umap (umap-learn)")
+    p.add_argument("--column", default="upos", help=".conllu: the label column (default upos)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--word", help="points are the occurrences of this word (or words, comma-separated)")
+    p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean", help="sentence vectors (default mean)")
+    p.add_argument("--max-points", type=int, default=3000, help="a seeded sample when there are more (default 3000)")
+    p.add_argument("--json", help="also write the coordinates and scores to this JSON file")
+    p.set_defaults(func=cmd_map)
+
+
+def cmd_map(args) -> int:
+    from ..analysis import maps
+    from ..analysis.layers import parse_layers
+
+    plot = plot_file(args.out)
+    json_path = output_file(args.json, ".json", "--json") if args.json else None
+    if args.method not in maps.METHODS:
+        raise InputError(f"--method {args.method!r}: use one of {maps.METHODS}")
+    if args.max_points is not None and args.max_points < 3:
+        raise InputError(f"--max-points must be >= 3, got {args.max_points}")
+    suffix = Path(args.data).suffix.lower()
+    words = [w for w in (args.word or "").split(",") if w.strip()]
+    if suffix == ".conllu":
+        if words:
+            raise InputError("--word picks occurrences in a text table or text file; a .conllu map shows every "
+                             "word, coloured by --column")
+        from ..textfiles import read_conllu
+
+        data = read_conllu(args.data, column=args.column)
+    elif suffix in (".csv", ".tsv", ".jsonl"):
+        from ..training.datasets import read_table
+
+        table = read_table(args.data, text_column=args.text_column, label_column=args.label_column)
+    elif suffix == ".txt":
+        if not words:
+            raise InputError(f"{args.data} is plain text: give --word W[,W2] (points are the occurrences of each "
+                             "word, coloured by which word), or a labelled .csv/.tsv/.jsonl or .conllu file")
+        texts = [t for t in read_lines(args.data) if t.strip()]
+    else:
+        raise InputError(f"{args.data}: use a .conllu, .csv, .tsv, .jsonl or .txt file (got {suffix or 'no suffix'!r})")
+    model, tokenizer = load(args.model)
+    parse_layers(args.layers, model.config.num_hidden_layers + 1)  # a bad --layers fails before any work
+    progress = not args.quiet
+    if suffix == ".conllu":
+        points = maps.word_points(model, tokenizer, data, progress=progress)
+    elif suffix == ".txt":
+        points = maps.occurrence_points(model, tokenizer, texts, None, words=words, progress=progress)
+    elif words:
+        points = maps.occurrence_points(model, tokenizer, table.texts, table.labels, words=words, progress=progress)
+    else:
+        points = maps.sentence_points(model, tokenizer, table.texts, table.labels, method=args.pool, progress=progress)
+    result = maps.stack_map(points, args.layers, method=args.method, seed=args.seed, max_points=args.max_points,
+                            model=Path(str(args.model)).name or str(args.model))
+    sampled = f" (a seeded sample of {len(result.labels)})" if len(result.labels) < len(points.labels) else ""
+    print(f"{len(points.labels)} {points.what}{sampled}, {len(set(result.labels))} labels; {args.method} with seed "
+          f"{args.seed}")
+    print("layer  5-NN accuracy (leave-one-out, cosine, full space)")
+    for layer, acc in zip(result.layers, result.knn_accuracy):
+        print(f"{layer:>5}  {acc:.4f}")
+    if json_path is not None:
+        json_path.write_text(json.dumps({"layers": result.layers, "labels": result.labels, "method": result.method,
+                                         "seed": result.seed, "knn_accuracy": result.knn_accuracy,
+                                         "coords": result.coords.round(5).tolist()}) + "\n", encoding="utf-8")
+        print(f"wrote {json_path}")
+    print(f"wrote {maps.plot_stack_map(result, plot)}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- fill
+def add_fill(sub) -> None:
+    p = sub.add_parser("fill", help="predict [MASK] tokens with the masked-LM head (and the logit lens)",
+                       parents=[model_option(), plot_option("the logit-lens plot (implies --lens)"),
+                                max_length_option()])
+    p.add_argument("texts", nargs="+", help="texts with [MASK] in them")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--lens", action="store_true", help="also print the per-layer logit lens for the first mask")
+    p.set_defaults(func=cmd_fill)
+
+
+def cmd_fill(args) -> int:
+    from ..analysis.lens import fill_mask, logit_lens
+
+    if args.top_k < 1:
+        raise InputError(f"--top-k must be >= 1, got {args.top_k}")
+    plot = plot_file(args.plot)
+    model, tokenizer = load(args.model, max_length=args.max_length)
+    if args.top_k > model.config.vocab_size:
+        raise InputError(f"--top-k {args.top_k} is larger than the vocabulary ({model.config.vocab_size} tokens)")
+    if model.mlm_head is None:
+        model.mlm_logits(None)  # raises the explanation
+    predictions = fill_mask(model, tokenizer, args.texts, top_k=args.top_k, max_length=args.max_length)
+    for text, masks in zip(args.texts, predictions):
+        print(text)
+        for k, top in enumerate(masks):
+            print(f"  [MASK] #{k + 1}: " + ", ".join(f"{tok} {p:.3g}" for tok, p in top))
+        if args.lens or args.plot:  # a plot is of the lens
+            result = logit_lens(model, tokenizer, text, max_length=args.max_length)
+            print(result.table())
+            if plot:
+                from ..analysis.plots import logit_lens as lens_plot
+
+                print(f"wrote {lens_plot(result, plot)}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- parity
+def add_parity(sub) -> None:
+    p = sub.add_parser("parity", help="per-layer differences: minibert vs transformers, or two checkpoints",
+                       parents=[model_option()])
+    p.add_argument("--against", help="a second checkpoint (run by minibert) instead of transformers")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
+                   help="int8: the model quantised on load (dtype='int8') against its own fp32 weights, layer by "
+                        "layer, and the cosine of their sentence vectors (needs >= 0.99)")
+    p.add_argument("--texts", help="a text file, one input per line (default: a built-in varied set)")
+    p.add_argument("--json", help="also write the numbers to this JSON file")
+    p.add_argument("--atol", type=float, help="tolerance (default 1e-5 fp32, 5e-3 fp16, 5e-2 bf16)")
+    p.set_defaults(func=cmd_parity)
+
+
+def cmd_parity(args) -> int:
+    from ..analysis.parity import run_parity
+
+    texts = None
+    if args.texts:
+        texts = [line for line in read_lines(args.texts) if line.strip()]
+        if not texts:
+            raise InputError(f"{args.texts} has no non-empty lines")
+    if args.atol is not None and not args.atol >= 0:
+        raise InputError(f"--atol must be >= 0, got {args.atol}")
+    json_path = output_file(args.json, ".json", "--json") if args.json else None
+    report = run_parity(args.model, against=args.against, dtype=args.dtype, texts=texts, atol=args.atol)
+    print(report.table())
+    if json_path:
+        report.write_json(json_path)
+        print(f"wrote {json_path}")
+    return 0 if report.ok else 1
+
+
+# ------------------------------------------------------------------------------------------ inspect
+def add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="parameters per component, FLOPs per token, activation memory",
+                       parents=[model_option(MODEL_HELP + "; official names (bert-base-uncased, ...) use built-in "
+                                                          "geometry")])
+    p.add_argument("--batch", type=int, default=8, help="batch size for the memory estimate (default 8)")
+    p.add_argument("--lengths", default="128,512", help="sequence lengths, comma-separated (default 128,512)")
+    p.set_defaults(func=cmd_inspect)
+
+
+def cmd_inspect(args) -> int:
+    from ..config import BertConfig
+    from ..names import preset_name
+    from ..tools.accounting import format_report
+
+    lengths = []
+    for part in args.lengths.split(","):
+        try:
+            lengths.append(int(part))
+        except ValueError:
+            raise InputError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    if any(T < 1 for T in lengths) or args.batch < 1:
+        raise InputError("--lengths and --batch must be positive")
+    if not Path(args.model).expanduser().exists() and preset_name(args.model):
+        # official geometry: no download needed to count
+        target, name = BertConfig.from_preset(args.model), f"{args.model} (built-in geometry, no weights loaded)"
+    else:
+        from ..models import BertModel
+
+        target, name = BertModel.from_pretrained(args.model), args.model
+    limit = (target if isinstance(target, BertConfig) else target.config).max_position_embeddings
+    too_long = [T for T in lengths if T > limit]
+    if too_long:
+        raise InputError(f"--lengths {too_long} exceed max_position_embeddings={limit}")
+    print(format_report(target, name, lengths=lengths, batch=args.batch))
+    return 0
+
+
+COMMANDS = [add_layers, add_probe, add_inspect, add_parity, add_fill, add_map]

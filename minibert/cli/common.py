@@ -1,0 +1,168 @@
+"""What the commands share: the options written once (parent parsers), loading a model with its tokenizer,
+tokenising with a truncation report, reading text files, checking output paths before any work.
+
+Only argparse and the standard library are imported here: ``minibert --help`` never waits for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from ..textfiles import read_lines  # noqa: F401  (the commands' reader of text files)
+
+DEFAULT_MODEL = "bert-base-uncased"
+MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
+PLOT_FORMATS = ".png (150 dpi), .svg or .pdf; no suffix: .png"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+# -------------------------------------------------------------------------------- parent parsers
+def _parent() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False)
+
+
+def model_option(help: str = MODEL_HELP, required: bool = False) -> argparse.ArgumentParser:
+    """``--model``: the checkpoint a command runs."""
+    p = _parent()
+    if required:
+        p.add_argument("--model", required=True, help=help)
+    else:
+        p.add_argument("--model", default=DEFAULT_MODEL, help=help)
+    return p
+
+
+def max_length_option(default: int | None = None) -> argparse.ArgumentParser:
+    """``--max-length``: inference commands default to the model's limit; training ones to 128 tokens (the
+    cost of a step grows with it)."""
+    p = _parent()
+    if default is None:
+        p.add_argument("--max-length", type=positive_int, default=None,
+                       help="truncate texts to this many tokens, [CLS] and [SEP] included (default: the model's "
+                            "limit, 512); how many texts were truncated is said on stderr")
+    else:
+        p.add_argument("--max-length", type=positive_int, default=default,
+                       help=f"truncate texts to this many tokens, [CLS] and [SEP] included (default {default})")
+    return p
+
+
+def quiet_option(what: str = "no progress bar") -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--quiet", action="store_true", help=what)
+    return p
+
+
+def seed_option() -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def columns_option(tags: bool = True) -> argparse.ArgumentParser:
+    """The columns of a labelled file (the finetune formats: .csv / .tsv / .jsonl, .conllu for tags)."""
+    p = _parent()
+    p.add_argument("--text-column", default="text")
+    if tags:
+        p.add_argument("--text-pair-column", help="a second text per row (sentence pairs)")
+    p.add_argument("--label-column", default="label")
+    if tags:
+        p.add_argument("--tag-column", default="upos", help="CoNLL-U column with the tags (--task tag)")
+    return p
+
+
+def training_options(epochs: int, batch_size: int, lr_help: str, lr_default: float | None = None,
+                     max_length: int = 128) -> list[argparse.ArgumentParser]:
+    """Epochs, learning rate, batch size, max length, seed: what every training command takes."""
+    p = _parent()
+    p.add_argument("--epochs", type=positive_int, default=epochs)
+    p.add_argument("--lr", type=float, default=lr_default, help=lr_help)
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    return [p, max_length_option(max_length), seed_option()]
+
+
+def plot_option(what: str) -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--plot", help=f"write {what} to this file ({PLOT_FORMATS})")
+    return p
+
+
+def check_lr(lr: float) -> float:
+    if not lr > 0:
+        raise InputError(f"--lr must be > 0, got {lr}")
+    return lr
+
+
+# ------------------------------------------------------------------------------- shared helpers
+def load(model_source: str, dtype=None, max_length=None):
+    """The model and its tokenizer; ``max_length`` (from --max-length) is checked against the model."""
+    from ..models import BertModel
+    from ..tokenizer import BertTokenizer
+
+    model, tokenizer = BertModel.from_pretrained(model_source, dtype=dtype), BertTokenizer.from_pretrained(model_source)
+    limit = min(model.config.max_position_embeddings, tokenizer.model_max_length)
+    if max_length is not None and not 2 <= max_length <= limit:
+        raise InputError(f"--max-length {max_length} is out of range: it must be in [2, {limit}] ([CLS] and [SEP] "
+                         f"take 2 tokens; the model's limit is {limit})")
+    return model, tokenizer
+
+
+def tokenize(tokenizer, texts, max_length, truncated):
+    """A padded batch, truncated to ``max_length`` tokens (None: the tokenizer's limit). ``truncated``
+    collects (1-based number, tokens cut) for the texts that were cut."""
+    batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    truncated += [(k, n) for k, n in enumerate(batch.num_truncated_tokens, start=1) if n]
+    return batch
+
+
+def report_truncation(truncated, total, limit, what="text"):
+    """One line on stderr when texts were truncated: how many, by how much, which (first few)."""
+    if not truncated:
+        return
+    which = ", ".join(str(i) for i, _ in truncated[:5]) + (", ..." if len(truncated) > 5 else "")
+    print(f"minibert: note: {len(truncated)} of {total} {what}s had more than {limit} tokens and were truncated "
+          f"(up to {max(n for _, n in truncated)} tokens cut; {what}s {which}); --max-length sets the limit",
+          file=sys.stderr)
+
+
+def output_file(path: str, suffix: str, what: str) -> Path:
+    """Check an output file before any work: its directory exists (never created), it is not a directory.
+    ``suffix`` is added when missing, as the writer would add it, so the printed path is the real one."""
+    out = Path(path).expanduser()
+    if out.suffix != suffix:
+        out = out.with_name(out.name + suffix)
+    if out.is_dir():
+        raise InputError(f"{what} {str(out)!r} is a directory")
+    if not out.parent.is_dir():
+        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} does not exist (create it first)")
+    if not os.access(out.parent, os.W_OK):
+        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} is not writable")
+    return out
+
+
+def plot_file(path):
+    """--plot's real path (``.png`` added when there is no suffix), checked before any work."""
+    if path is None:
+        return None
+    from ..analysis.plots import output_path
+
+    return output_path(path)
+
+
+def blank_line_error(path, lines, what="is blank") -> InputError:
+    lines = sorted(lines)
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return InputError(f"{path}: line {lines[0] + 1} {what}{more}; row i of the output is line i, so it would get the "
+                      "vector of an empty text ([CLS] [SEP]). Remove such lines, or pass --blank zeros to give "
+                      "them a row of zeros")

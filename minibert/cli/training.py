@@ -1,0 +1,231 @@
+"""Commands that train: ``finetune`` (a task head, with a recipe), ``predict`` (with what finetune wrote),
+``distill`` (a shallower student: sentence embeddings or a task) and ``exits`` (early exits on a
+classifier). Each hands its options to one library pipeline in ``minibert.training``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from .common import check_lr, columns_option, model_option, positive_int, quiet_option, read_lines, training_options
+
+
+# ----------------------------------------------------------------------------------------- finetune
+def add_finetune(sub) -> None:
+    p = sub.add_parser("finetune", help="fine-tune a task head (and the encoder) on a labelled file",
+                       parents=[model_option(), columns_option(), quiet_option(),
+                                *training_options(epochs=3, batch_size=16, lr_default=5e-5, lr_help="default 5e-5")])
+    p.add_argument("--train", required=True, help=".csv / .tsv / .jsonl (classify, regress) or .conllu / BIO file (tag)")
+    p.add_argument("--eval", required=True, help="held-out data in the same format, evaluated after each epoch")
+    p.add_argument("--out", required=True, help="directory for the best checkpoint, its tokenizer and metrics.json")
+    p.add_argument("--task", choices=["classify", "regress", "tag"], default="classify")
+    p.add_argument("--recipe", choices=["full", "gradual", "llrd", "lora", "scalarmix"], default="full")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    p.add_argument("--lora-rank", type=positive_int, default=8, help="--recipe lora: the rank r (alpha = 2r)")
+    p.add_argument("--lora-targets", default="query,value",
+                   help="--recipe lora: the linear layers to adapt, comma-separated: query, key, value, output "
+                        "(attention), dense_in, dense_out (feed-forward), or patterns such as '*.ffn.*'")
+    p.add_argument("--layerdrop", type=float, default=0.0,
+                   help="skip each block with this probability while training (LayerDrop; e.g. 0.2), to prune later")
+    p.set_defaults(func=cmd_finetune)
+
+
+def cmd_finetune(args) -> int:
+    from ..training.loop import FitConfig
+    from ..training.tasks import finetune
+
+    check_lr(args.lr)
+    config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
+    history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
+                       pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
+                       recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
+                       lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")],
+                       layerdrop=args.layerdrop)
+    if history.best_epoch is None:  # a torchrun process other than 0: it trained; process 0 evaluates and writes
+        return 0
+    print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: checkpoint, tokenizer, "
+          "metrics.json")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ predict
+def add_predict(sub) -> None:
+    p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model")
+    p.add_argument("checkpoint", help="a directory written by `minibert finetune`")
+    p.add_argument("texts", help="a UTF-8 text file, one text per line")
+    p.set_defaults(func=cmd_predict)
+
+
+def cmd_predict(args) -> int:
+    from ..config import read_json_object
+    from ..models.heads import TASK_CLASSES
+    from ..tokenizer import BertTokenizer
+    from ..training.data import tag_words
+    from ..training.recipes import ScalarMixClassifier
+
+    architectures = read_json_object(Path(args.checkpoint) / "config.json").get("architectures") or []
+    kind = next((a for a in architectures if a in TASK_CLASSES), None)
+    scalarmix = (Path(args.checkpoint) / ScalarMixClassifier.HEAD_FILE).exists()
+    if not scalarmix and (kind is None or kind == "BertForQuestionAnswering"):
+        raise InputError(f"{args.checkpoint} is not a fine-tuned classifier or tagger (architectures: "
+                         f"{architectures}); `minibert predict` takes what `minibert finetune` writes")
+    texts = [line for line in read_lines(args.texts) if line.strip()]
+    if not texts:
+        raise InputError(f"{args.texts} has no non-empty lines")
+    if scalarmix:
+        model, kind = ScalarMixClassifier.from_pretrained(args.checkpoint), "BertForSequenceClassification"
+    else:
+        model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
+    tokenizer = BertTokenizer.from_pretrained(args.checkpoint)
+    if kind == "BertForTokenClassification":
+        for text, tags in zip(texts, tag_words(model, tokenizer, [t.split() for t in texts])):
+            print(" ".join(f"{w}/{t}" for w, t in zip(text.split(), tags)))
+        return 0
+    for text, p in zip(texts, model.predict(texts, tokenizer=tokenizer)):
+        print(f"{p['label']}\t{p['score']:.4f}\t{text}" if "label" in p else f"{p['score']:.4f}\t{text}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ distill
+def add_distill(sub) -> None:
+    p = sub.add_parser("distill", help="distil a model into a shallower student (sentence embeddings or a task)",
+                       parents=[columns_option(), quiet_option("no progress bar or epoch lines"),
+                                *training_options(epochs=3, batch_size=32,
+                                                  lr_help="learning rate (default 5e-4 embeddings, 5e-5 task)")])
+    p.add_argument("--teacher", required=True, help="the model to imitate (a fine-tuned checkpoint for task mode)")
+    p.add_argument("--out", required=True, help="directory for the student's best checkpoint, tokenizer, metrics.json")
+    p.add_argument("--student-blocks", help="teacher blocks the student starts from (default every other: 0,2,4,...)")
+    p.add_argument("--texts", help="embedding mode: unlabelled texts, one per line")
+    p.add_argument("--eval-texts", help="embedding mode: held-out texts for the agreement (default: 5%% of --texts, "
+                   "at most 1000)")
+    p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean", help="embedding mode: sentence vector")
+    p.add_argument("--normalize", action="store_true", help="embedding mode: match unit vectors (cosine models)")
+    p.add_argument("--similarity-weight", type=float, default=0.0,
+                   help="embedding mode: weight of the MSE between in-batch cosine similarities (default 0)")
+    p.add_argument("--group-by-length", action="store_true",
+                   help="embedding mode: batches of texts of similar length (less padding, faster epochs)")
+    p.add_argument("--augment", type=int, default=0, metavar="N",
+                   help="embedding mode: add N texts made from --texts (crops, pairs, word dropout; default 0)")
+    p.add_argument("--cache-teacher", action="store_true",
+                   help="embedding mode: compute the teacher's vectors once, before the first epoch (faster epochs; "
+                   "not with --hidden-weight / --attention-weight)")
+    p.add_argument("--freeze-embeddings", action="store_true",
+                   help="embedding mode: the student keeps the teacher's embeddings (a faster step)")
+    p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
+    p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
+    p.add_argument("--task", choices=["classify", "tag"], default="classify")
+    p.add_argument("--temperature", type=float, default=2.0, help="task mode: softmax temperature T (default 2)")
+    p.add_argument("--alpha", type=float, default=0.5, help="task mode: weight of the soft targets (default 0.5)")
+    p.add_argument("--hidden-weight", type=float, default=0.0, help="weight of the hidden-state MSE (default 0)")
+    p.add_argument("--attention-weight", type=float, default=0.0, help="weight of the attention KL (default 0)")
+    p.add_argument("--layer-map", help="student:teacher hidden states, e.g. 1:2,2:4,3:6 (default uniform)")
+    p.add_argument("--student-dropout", type=float, help="the student's dropout while it trains (default: 0 in "
+                   "embedding mode, its own in task mode); the saved student keeps its own")
+    p.add_argument("--bf16", action="store_true", help="the student trains under bf16 autocast (fp32 master "
+                   "weights; the teacher stays fp32)")
+    p.set_defaults(func=cmd_distill)
+
+
+def _blocks_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--student-blocks {text!r}: give block numbers separated by commas, e.g. 0,2,4") from None
+
+
+#: options of embedding mode only, refused in task mode: (dest, message)
+_EMBEDDING_ONLY = [
+    ("group_by_length", "--group-by-length is for embedding mode (--texts); task distillation batches as finetune"),
+    ("augment", "--augment is for embedding mode (--texts): task distillation trains on labelled rows"),
+    ("freeze_embeddings", "--freeze-embeddings is for embedding mode (--texts)"),
+    ("cache_teacher", "--cache-teacher is for embedding mode (--texts): task distillation runs the teacher on each "
+                      "batch"),
+]
+
+
+def cmd_distill(args) -> int:
+    from ..training import distill as D
+    from ..training.loop import FitConfig
+
+    if args.texts is not None and args.train is not None:
+        raise InputError("--texts (sentence-embedding distillation) and --train (task distillation) exclude each other")
+    if args.texts is None and args.train is None:
+        raise InputError("give --texts (sentence-embedding distillation on unlabelled text) or --train and --eval "
+                         "(task distillation from a fine-tuned teacher)")
+    if args.train is not None and args.eval is None:
+        raise InputError("task distillation needs --eval (held-out data in the --train format)")
+    if args.train is not None:
+        for dest, message in _EMBEDDING_ONLY:
+            if getattr(args, dest):
+                raise InputError(message)
+    blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
+    lr = check_lr(args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5))
+    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file")
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    if args.train is not None:
+        history, teacher_score = D.distill_task(
+            args.train, args.eval, args.teacher, out, task=args.task, student_blocks=blocks,
+            temperature=args.temperature, alpha=args.alpha, hidden_weight=args.hidden_weight,
+            attention_weight=args.attention_weight, layer_map=args.layer_map, text_column=args.text_column,
+            pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
+            config=config, batch_size=args.batch_size, max_length=args.max_length,
+            student_dropout=args.student_dropout, log=log)
+        metric = "accuracy" if args.task == "classify" else "entity_f1"
+        print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
+              f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
+        return 0
+    texts = read_lines(args.texts)
+    held = read_lines(args.eval_texts) if args.eval_texts else None
+    if not args.eval_texts:
+        print("minibert: note: holding out 5 % of the texts (at most 1000) to measure agreement (--eval-texts to "
+              "choose)", file=sys.stderr)
+    run = D.distill_corpus(args.teacher, texts, out, eval_texts=held, student_blocks=blocks, pooling=args.pool,
+                           normalize=args.normalize, similarity_weight=args.similarity_weight,
+                           hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
+                           layer_map=args.layer_map, config=config, batch_size=args.batch_size,
+                           max_length=args.max_length, group_by_length=args.group_by_length,
+                           student_dropout=0.0 if args.student_dropout is None else args.student_dropout,
+                           augment=args.augment, cache_teacher=args.cache_teacher,
+                           freeze_embeddings=args.freeze_embeddings, log=log)
+    best = run.history.epochs[run.history.best_epoch - 1]["eval"]
+    print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
+          f"texts: Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
+          f"overlap {best['top_k_overlap']:.3f} (before {run.before['top_k_overlap']:.3f}); wrote {out}")
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- exits
+def add_exits(sub) -> None:
+    p = sub.add_parser("exits", help="train early exits on a fine-tuned classifier; print accuracy vs blocks run",
+                       parents=[model_option("a classifier written by `minibert finetune`", required=True),
+                                columns_option(tags=False), quiet_option("no progress bar or epoch lines"),
+                                *training_options(epochs=2, batch_size=16, lr_help="learning rate (default 1e-3: only "
+                                                  "the exits train; --joint 5e-5)")])
+    p.add_argument("--train", required=True, help="labelled training data (.csv / .tsv / .jsonl)")
+    p.add_argument("--eval", required=True, help="held-out data: the accuracy / blocks / time table is measured on it")
+    p.add_argument("--out", required=True, help="directory for the classifier with its exits")
+    p.add_argument("--joint", action="store_true", help="train the whole model with the exits (default: frozen "
+                   "model, only the exits learn)")
+    p.set_defaults(func=cmd_exits)
+
+
+def cmd_exits(args) -> int:
+    from ..training.depth import train_exits
+    from ..training.loop import FitConfig
+
+    lr = check_lr(args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3))
+    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet)
+    table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
+                        batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,
+                        label_column=args.label_column,
+                        log=(lambda line: print(line, file=sys.stderr)) if not args.quiet else None)
+    print(table)
+    print(f"wrote {args.out}: the classifier, early_exits.safetensors, tokenizer, exits.json")
+    return 0
+
+
+COMMANDS = [add_finetune, add_distill, add_exits, add_predict]

@@ -1,0 +1,23 @@
+"""The models a user meets: ``BertModel`` (the textbook model of ``model.py`` with the tools as methods,
+``bert.py``) and the task heads built on it (``heads.py``: sequence and token classification, extractive
+QA). Every model the library makes -- loaded, cut, distilled, fine-tuned, wrapped for transformers'
+calling convention -- is one of these, so ``model.hooks(...)``, ``model.run_with_cache(...)`` and
+``model(**batch, fast=True)`` work on whatever a user gets. Above ``tools`` (the methods call them),
+below ``analysis``, ``training`` and ``compat`` (which build these models)."""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {"BertModel": ".bert", "BertForSequenceClassification": ".heads", "BertForTokenClassification": ".heads",
+         "BertForQuestionAnswering": ".heads", "ClassifierOutput": ".heads", "SpanOutput": ".heads",
+         "TASK_CLASSES": ".heads"}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'minibert.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,99 @@
+"""Reading the text files the library takes: plain text one item per line (``read_lines``) and CoNLL-U
+(``read_conllu``: words and one label column per sentence). Each names the file and the line when it is
+not what it must be (``InputError``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import InputError, MissingExtra
+
+
+def read_lines(path) -> list[str]:
+    """The lines of a UTF-8 text file, split on "\\n" only (a "\\r\\n" ending counts as one): U+2028, form
+    feeds and other characters that str.splitlines() would break on stay inside their line, so line i of
+    the file is row i of the output. A final newline does not start another line."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:  # newline="": no translation of \r
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text: {e}") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a text file") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+_CONLLU_ID = re.compile(r"[1-9][0-9]*(-[1-9][0-9]*|\.[1-9][0-9]*)?")  # 3, 3-4 (multi-word) or 3.1 (empty node)
+
+
+def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str | None]]]:
+    """(words, labels) per sentence of a CoNLL-U file, labels from ``column`` (upos, xpos, deprel, ...).
+    Multi-word tokens (ranges like 1-2) and empty nodes (1.1) are skipped; the syntactic words are kept.
+    ``_`` (CoNLL-U's "no value") is no label: that word's label is None, it stays in the sentence for
+    context but is neither trained nor tested on. A malformed file is an InputError naming the file and
+    the line."""
+    try:
+        import conllu
+    except ImportError:
+        raise MissingExtra("reading CoNLL-U needs the conllu package: pip install 'minibert[conllu]'") from None
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text ({e}); CoNLL-U files are UTF-8") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a CoNLL-U file") from None
+
+    blocks, current = [], []  # (first line number, lines) per sentence
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            if current:
+                blocks.append(current)
+                current = []
+            continue
+        if not line.startswith("#"):
+            fields = line.split("\t")
+            if len(fields) != 10:
+                hint = " (columns must be separated by tabs, not spaces)" if len(fields) == 1 else ""
+                raise InputError(f"{path}:{number}: a CoNLL-U word line has 10 tab-separated columns, this "
+                                 f"one has {len(fields)}{hint}: {line[:60]!r}")
+            if not _CONLLU_ID.fullmatch(fields[0]):
+                raise InputError(f"{path}:{number}: {fields[0]!r} is not a CoNLL-U word ID (1, 2, ..., a range "
+                                 "like 3-4 or an empty node like 3.1)")
+        current.append((number, line))
+    if current:
+        blocks.append(current)
+
+    sentences = []
+    for block in blocks:
+        first = block[0][0]
+        try:
+            parsed = conllu.parse("\n".join(line for _, line in block) + "\n\n")
+        except Exception as e:  # conllu.exceptions.ParseException and the like: say where
+            raise InputError(f"{path}:{first}: the sentence starting here is not valid CoNLL-U: {e}") from None
+        for sentence in parsed:
+            words, labels = [], []
+            for token in sentence:
+                if not isinstance(token["id"], int):
+                    continue
+                if column not in token:
+                    raise InputError(f"{path}:{first}: there is no column {column!r}; columns are "
+                                     f"{list(token.keys())}")
+                value = token[column]
+                words.append(token["form"])
+                labels.append(None if value is None or value == "_" else str(value))
+            if words:
+                sentences.append((words, labels))
+    if not sentences:
+        raise InputError(f"{path} holds no sentences")
+    if not any(label is not None for _, labels in sentences for label in labels):
+        raise InputError(f"{path}: every word's {column!r} is '_' (no value): there is nothing to probe; "
+                         "pick a column that this file fills in")
+    return sentences
