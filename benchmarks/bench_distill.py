@@ -47,6 +47,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "data"))
 
 from fetch_data import fetch_corpus, fetch_more, fetch_sentences, fetch_trec  # noqa: E402
@@ -57,6 +58,8 @@ from minibert.loading import copy_tokenizer  # noqa: E402
 from minibert.tools import fast, surgery  # noqa: E402
 from minibert.training import depth, distill, tasks  # noqa: E402
 from minibert.training.datasets import read_table  # noqa: E402
+
+import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
 from minibert.training.loop import FitConfig  # noqa: E402
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
@@ -71,15 +74,7 @@ def lines(path: Path, n: int | None = None) -> list[str]:
 
 def alternate(fns: dict, rounds: int) -> dict:
     """Median seconds of each function, called in alternation ``rounds`` times (after one warm-up each)."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return harness.medians(harness.alternate(fns, rounds, warmup=1))
 
 
 def teacher_dir(args, trec: Path) -> Path:

@@ -20,13 +20,13 @@ import json
 import resource
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "data"))
 
 from fetch_data import fetch_trec, fetch_wnut16  # noqa: E402
@@ -35,6 +35,8 @@ from minibert import BertForSequenceClassification, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.training import tasks  # noqa: E402
 from minibert.training.loop import FitConfig  # noqa: E402
+
+import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
 ARGS = None  # the parsed command line (the parent passes its options to each one-run child)
@@ -119,18 +121,16 @@ def step_ratio(rounds: int) -> dict:
     theirs = transformers.BertForSequenceClassification.from_pretrained(ROOT / "benchmarks" / "results" / "tmp-step")
     runs = {"minibert": (ours, False), "transformers": (theirs, False), "minibert bf16": (ours, True)}
     optimisers = {name: torch.optim.AdamW(m.parameters(), lr=1e-5) for name, (m, _) in runs.items()}
-    times = {name: [] for name in runs}
-    for r in range(rounds + 1):
-        for name, (model, bf16) in runs.items():
-            model.train()
-            start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = model(**batch).loss
-            loss.backward()
-            optimisers[name].step()
-            optimisers[name].zero_grad()
-            if r:  # the first round warms up
-                times[name].append(time.perf_counter() - start)
+
+    def step(name):
+        model, bf16 = runs[name]
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**batch).loss
+        loss.backward()
+        optimisers[name].step()
+        optimisers[name].zero_grad()
+    times = harness.alternate({name: (lambda name=name: step(name)) for name in runs}, rounds, warmup=1)
     import shutil
 
     shutil.rmtree(ROOT / "benchmarks" / "results" / "tmp-step")

@@ -39,10 +39,13 @@ import torch
 warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from minibert.tools import fast  # noqa: E402
 from minibert import BertModel  # noqa: E402
 from minibert.tools.accounting import flops_per_token  # noqa: E402
+
+import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
 
 BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
             intermediate_size=3072)
@@ -136,23 +139,15 @@ def implementations(directory: Path, dtype: torch.dtype, with_torch: bool = True
 def time_round_robin(impls: dict, batch: dict, rounds: int) -> dict[str, list[float]]:
     """Times per implementation, and each one's max abs difference from transformers on real tokens
     (from the warm-up call) -- they must all compute the same thing."""
-    names = list(impls)
-    times = {n: [] for n in names}
     valid = batch["attention_mask"].bool()
     with torch.inference_mode():
-        outputs = {n: impls[n](batch).float() for n in names}  # warm-up (weight packing, allocator)
-        agreement = {n: (outputs[n] - outputs["transformers"])[valid].abs().max().item() for n in names}
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for n in order:
-                t0 = time.perf_counter()
-                impls[n](batch)
-                times[n].append(time.perf_counter() - t0)
+        outputs = {n: impls[n](batch).float() for n in impls}  # warm-up (weight packing, allocator)
+        agreement = {n: (outputs[n] - outputs["transformers"])[valid].abs().max().item() for n in impls}
+        times = harness.alternate({n: (lambda f=f: f(batch)) for n, f in impls.items()}, rounds, warmup=0, rotate=True)
     return times, agreement
 
 
-def paired_ratio(times: dict, a: str, b: str) -> float:
-    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+paired_ratio = harness.paired_ratio
 
 
 def useful_flops(config, lengths: list[int]) -> float:

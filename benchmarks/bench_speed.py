@@ -36,6 +36,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "data"))
 
@@ -43,6 +44,8 @@ from minibert import BertForSequenceClassification, BertModel  # noqa: E402
 from minibert.analysis.parity import run_parity  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.tools import fast  # noqa: E402
+
+import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
 
 MINILM = ROOT / "weights" / "all-MiniLM-L6-v2"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -71,16 +74,8 @@ def batch_of(B: int, T: int, seed: int = 0) -> dict:
 
 def alternate(fns: dict, rounds: int) -> dict[str, float]:
     """Median seconds per function over ``rounds`` alternating calls (after two warm-up calls each)."""
-    times = {k: [] for k in fns}
     with torch.inference_mode():
-        for fn in fns.values():
-            fn(), fn()
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in times.items()}
+        return harness.medians(harness.alternate(fns, rounds, warmup=2))
 
 
 def implementations(directory: Path, with_prepacked: bool = True) -> dict:

@@ -18,13 +18,15 @@ import platform
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from minibert import BertTokenizer  # noqa: E402
+
+import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
 
 
 def make_sentences(vocab: list[str], n: int = 10_000, seed: int = 0) -> list[str]:
@@ -63,12 +65,7 @@ def main(argv=None) -> int:
         "transformers BertTokenizerLegacy (pure Python, 'slow')": lambda: slow(sentences),
         "transformers BertTokenizerFast (Rust)": lambda: fast(sentences),
     }
-    times = {name: [] for name in runners}
-    for _ in range(args.rounds):
-        for name, run in runners.items():  # alternate: A, B, C, A, B, C, ...
-            t0 = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t0)
+    times = harness.alternate(runners, args.rounds, warmup=0)  # A, B, C, A, B, C, ...
     rate = {name: len(sentences) / statistics.median(ts) for name, ts in times.items()}
     ours = rate["minibert BertTokenizer (pure Python)"]
     lines = [f"# Tokenizer throughput ({len(sentences):,} sentences, median of {args.rounds} alternating rounds)", "",

@@ -2,10 +2,10 @@
 
 The model passes every activation worth studying through an identity module, ``x = self.hook_q(x)``.
 A point's name comes from where it sits in the module tree (``minibert.tools.hooks`` walks
-``named_modules()``), so no module knows its own dotted name. With nothing registered a point costs a few
-truth tests of empty containers: no copies, no autograd nodes. torch's own module hooks
-(``register_forward_hook`` and friends, which tools such as captum use) are honoured: a point with any of
-them, or with a global module hook, goes through ``nn.Module.__call__``, which runs them around
+``named_modules()``), so no module knows its own dotted name. With nothing registered a point is one
+truth test of an empty list: no copies, no autograd nodes. torch's own module hooks registered on a point
+(``register_forward_hook`` and friends, which tools such as captum use) are honoured: registering one puts
+an entry in that list, and the point then goes through ``nn.Module.__call__``, which runs them around
 ``forward``.
 """
 
@@ -27,65 +27,38 @@ GLOBAL_FORWARD_HOOKS = _torch_module._global_forward_hooks
 GLOBAL_FORWARD_PRE_HOOKS = _torch_module._global_forward_pre_hooks
 
 
+#: the entry a torch module hook puts in ``HookPoint.fns``, so that an unhooked point stays one truth test
+TORCH_HOOKS = ("<torch module hooks>", None)
+
+
 class HookPoint(nn.Module):
     """Identity, unless functions are registered: then each ``fn(x, name)`` is called in turn and may
-    return None (it only reads, or edited ``x`` in place) or a tensor of ``x``'s shape that replaces it."""
+    return None (it only reads, or edited ``x`` in place) or a tensor of ``x``'s shape that replaces it.
 
-    #: functions registered at any point of any model (kept by minibert.tools.hooks): when 0, nothing
-    #: anywhere is hooked, which the fast path can tell without walking a module tree
+    torch's own hooks registered on the point (``register_forward_hook`` and the other three) fire too: the
+    point then runs through ``nn.Module.__call__``. (Global module hooks, ``register_module_forward_hook``,
+    fire on every other module but not at hook points.)"""
+
+    #: functions registered at any point of any model (kept by minibert.tools.hooks): when 0, no function is
+    #: registered anywhere, which the fast path can tell without a tree walk (torch hooks it finds itself)
     registered = 0
 
     def __init__(self):
         super().__init__()
         self.fns: list[tuple[str, HookFn]] = []  # (point name, function), set by minibert.tools.hooks
 
-    _torch_hooks = False  # set when a torch module hook is registered here (see register_forward_hook)
-
-    @property
-    def torch_hooked(self) -> bool:
-        """Whether a torch module hook applies here (this point's own, or a global one)."""
-        if self._torch_hooks and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
-                                      or self._backward_pre_hooks):
-            self._torch_hooks = False  # all removed again (a handle removes itself from torch's dict)
-        return self._torch_hooks or bool(GLOBAL_FORWARD_HOOKS or GLOBAL_FORWARD_PRE_HOOKS)
-
-    @property
-    def active(self) -> bool:
-        """Whether anything will see this point's activation: a registered function or a torch hook."""
-        return bool(self.fns) or self.torch_hooked
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._torch_hooks or GLOBAL_FORWARD_HOOKS or GLOBAL_FORWARD_PRE_HOOKS:
-            if self.torch_hooked:
-                return nn.Module.__call__(self, x)  # torch's hooks around forward (our functions inside it)
         if not self.fns:
-            return x  # nothing registered: ~100 ns, no copy, no autograd node
-        return self.forward(x)
-
-    # torch's registration methods, noted so that an unhooked point stays a few truth tests
-    def register_forward_hook(self, *args, **kwargs):
-        self._torch_hooks = True
-        return super().register_forward_hook(*args, **kwargs)
-
-    def register_forward_pre_hook(self, *args, **kwargs):
-        self._torch_hooks = True
-        return super().register_forward_pre_hook(*args, **kwargs)
-
-    def register_full_backward_hook(self, *args, **kwargs):
-        self._torch_hooks = True
-        return super().register_full_backward_hook(*args, **kwargs)
-
-    def register_full_backward_pre_hook(self, *args, **kwargs):
-        self._torch_hooks = True
-        return super().register_full_backward_pre_hook(*args, **kwargs)
-
-    def register_backward_hook(self, *args, **kwargs):
-        self._torch_hooks = True
-        return super().register_backward_hook(*args, **kwargs)
+            return x  # nothing registered: one truth test, no copy, no autograd node
+        if TORCH_HOOKS in self.fns and self.torch_hooked:
+            return nn.Module.__call__(self, x)  # torch's hooks around forward (our functions inside it)
+        return self.forward(x) if self.fns else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Each registered ``fn(x, name)`` in turn (see the class docstring)."""
         for name, fn in self.fns:
+            if fn is None:  # TORCH_HOOKS: torch runs those itself
+                continue
             result = fn(x, name)
             if result is None or result is x:
                 continue
@@ -96,9 +69,58 @@ class HookPoint(nn.Module):
             x = result
         return x
 
+    # ----------------------------------------------------------------------------- torch's own hooks
+    @property
+    def torch_hooked(self) -> bool:
+        """Whether a torch module hook is registered on this point. (A removed one is noticed here: its
+        handle empties torch's dict, and the point's entry goes.)"""
+        if TORCH_HOOKS not in self.fns:
+            return False
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return True
+        self.fns.remove(TORCH_HOOKS)
+        return False
+
+    @property
+    def active(self) -> bool:
+        """Whether anything will see this point's activation: a registered function or a torch hook."""
+        return bool(self.fns) and (self.torch_hooked or any(fn is not None for _, fn in self.fns))
+
+    def _torch_hook_added(self) -> None:
+        if TORCH_HOOKS not in self.fns:
+            self.fns.append(TORCH_HOOKS)
+
+    def register_forward_hook(self, *args, **kwargs):
+        handle = super().register_forward_hook(*args, **kwargs)
+        self._torch_hook_added()
+        return handle
+
+    def register_forward_pre_hook(self, *args, **kwargs):
+        handle = super().register_forward_pre_hook(*args, **kwargs)
+        self._torch_hook_added()
+        return handle
+
+    def register_full_backward_hook(self, *args, **kwargs):
+        handle = super().register_full_backward_hook(*args, **kwargs)
+        self._torch_hook_added()
+        return handle
+
+    def register_full_backward_pre_hook(self, *args, **kwargs):
+        handle = super().register_full_backward_pre_hook(*args, **kwargs)
+        self._torch_hook_added()
+        return handle
+
+    def register_backward_hook(self, *args, **kwargs):
+        handle = super().register_backward_hook(*args, **kwargs)
+        self._torch_hook_added()
+        return handle
+
+    # ------------------------------------------------------------------------------ copies, pickles
     def __getstate__(self):  # registered functions belong to a `with` block, never to a copy or a pickle
         state = self.__dict__.copy()
         state["fns"] = []
+        for key in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+            state[key] = type(state[key])()  # ... and so do torch hooks registered on it
         return state
 
     def __deepcopy__(self, memo):

@@ -160,3 +160,16 @@ def test_the_old_api_still_works(minilm_dir):
     assert model.keep_blocks([0, 2]).config.num_hidden_layers == 2
     assert model.parameter_counts()["total"] == sum(p.numel() for p in model.parameters())
     assert len(model.hook_point_names()) == 96 and not model.has_hooks()
+
+
+def test_a_folder_named_minibert_in_the_working_directory_does_not_shadow_the_package(tmp_path):
+    """Python started in the folder that holds a clone named ``minibert`` (the repository root, which has no
+    __init__.py) must still import the package, not an empty namespace package of that name."""
+    import subprocess
+    import sys
+
+    (tmp_path / "minibert").symlink_to(ROOT, target_is_directory=True)
+    code = "import minibert; from minibert import BertTokenizer; print(minibert.__file__)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("__init__.py")

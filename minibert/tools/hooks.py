@@ -123,8 +123,9 @@ def hook_point_names(model) -> list[str]:
 
 def has_hooks(model) -> bool:
     """Whether any function is registered at any point of ``model`` (a ``hooks`` block is open). Free
-    when nothing anywhere is hooked."""
-    return HookPoint.registered > 0 and any(point.fns for point in hook_points(model).values())
+    when nothing anywhere is hooked. (torch's own module hooks: ``HookPoint.torch_hooked``.)"""
+    return HookPoint.registered > 0 and any(fn is not None for point in hook_points(model).values()
+                                            for _, fn in point.fns)
 
 
 def expand_names(model, patterns: str | Iterable[str]) -> list[str]:

@@ -52,7 +52,7 @@ from ..model import BertModel
 from ..models import BertModel as PublicBertModel
 from ..tokenizer import BertTokenizer
 from ..tools import fast
-from ..tools.batching import collate, plan_batches
+from ..tools.batching import collate
 from ..tools.encode import encode_texts, encoder_of
 from ..tools.surgery import check_dropout, dropout, freeze, keep_blocks
 from . import metrics

@@ -1,0 +1,37 @@
+"""The one timing loop of the benchmarks: functions called in alternation, side by side in one process.
+
+Machines here are shared and noisy, so a speed is only ever read as a ratio of two functions timed in the
+same rounds (``alternate``), the median over rounds, with the spread beside it where a page reports it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def alternate(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False) -> dict[str, list[float]]:
+    """Seconds of each call of each function: ``warmup`` untimed calls each first, then ``rounds`` rounds
+    calling every function once (A, B, C, A, B, C, ...; with ``rotate`` each round starts one later, so no
+    function always runs right after the same one)."""
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if rotate else names
+        for name in order:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def paired_ratio(times: dict, a: str, b: str) -> float:
+    """The median over rounds of a's time / b's time in the same round."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
