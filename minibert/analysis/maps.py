@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..errors import InputError, MissingExtra
 from ..tools.pooling import pool
 from .layers import parse_layers
+from ..tools.batching import text_batches
 from ..tools.progress import progress_bar
 from ..words import word_spans
 from .probing import extract_span_features
@@ -82,14 +83,11 @@ def sentence_points(model, tokenizer, texts, labels, *, method: str = "mean", ba
     if len(texts) != len(labels):
         raise InputError(f"texts ({len(texts)}) and labels ({len(labels)}) must have the same length")
     run = fast.prepare(model)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     out = [None] * len(texts)
     bar = progress_bar(len(texts), "sentences", progress)
     with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
-                              return_tensors="pt")
+        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length,
+                                        device=model.device):
             hidden = torch.stack(run(**batch).hidden_states).float()  # (L + 1, B, T, H)
             pooled = pool(hidden, batch["attention_mask"], method)  # (L + 1, B, H)
             for k, i in enumerate(rows):

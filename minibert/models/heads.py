@@ -25,6 +25,7 @@ from ..config import BertConfig
 from ..errors import InputError
 from ..loading import load_model, load_task_model, save_model
 from ..tokenizer import BertTokenizer
+from ..tools.batching import text_batches
 from .bert import BertModel
 
 
@@ -109,18 +110,18 @@ class _TaskModel(nn.Module):
         """config.json (with id2label) and model.safetensors that transformers loads as this class."""
         save_model(self, directory)
 
-    def _batches(self, texts, text_pairs, tokenizer, batch_size, max_length, **options):
-        """(tokenizer, batch) for every ``batch_size`` texts; the tokenizer defaults to the checkpoint's."""
+    def _batches(self, texts, text_pairs, tokenizer, batch_size, max_length, offsets=False):
+        """(tokenizer, rows, batch) over the texts (or pairs), batched in length order by
+        ``tools.batching.text_batches``; the tokenizer defaults to the checkpoint's."""
         if isinstance(texts, str):
             texts = [texts]
         if text_pairs is not None and isinstance(text_pairs, str):
             text_pairs = [text_pairs]
         if tokenizer is None:
             tokenizer = BertTokenizer.from_pretrained(getattr(self, "source", None) or "")
-        for start in range(0, len(texts), batch_size):
-            pairs = None if text_pairs is None else list(text_pairs[start:start + batch_size])
-            yield tokenizer, tokenizer(list(texts[start:start + batch_size]), pairs, padding=True, truncation=True,
-                                       max_length=max_length, return_tensors="pt", **options)
+        for rows, batch in text_batches(tokenizer, texts, text_pairs, batch_size=batch_size, max_length=max_length,
+                                        offsets=offsets, device=self.bert.device):
+            yield tokenizer, rows, batch
 
     @contextmanager
     def _predicting(self):
@@ -156,21 +157,20 @@ class BertForSequenceClassification(_TaskModel):
         (sigmoid). ``tokenizer`` defaults to the one saved beside the checkpoint."""
         names = [self.config.id2label[i] for i in range(self.config.num_labels)]
         kind = self.config.problem_type or ("regression" if self.config.num_labels == 1 else "single_label_classification")
-        results = []
+        results = [None] * (1 if isinstance(texts, str) else len(texts))
         with self._predicting():
-            for _, batch in self._batches(texts, text_pairs, tokenizer, batch_size, max_length):
+            for _, rows, batch in self._batches(texts, text_pairs, tokenizer, batch_size, max_length):
                 logits = self(**batch).logits.float()
-                for row in logits:
+                for i, row in zip(rows, logits):
                     if kind == "regression":
-                        results.append({"score": float(row[0]) if len(row) == 1 else row.tolist()})
+                        results[i] = {"score": float(row[0]) if len(row) == 1 else row.tolist()}
                     elif kind == "multi_label_classification":
                         p = row.sigmoid().tolist()
-                        results.append({"labels": [n for n, q in zip(names, p) if q >= 0.5],
-                                        "scores": dict(zip(names, p))})
+                        results[i] = {"labels": [n for n, q in zip(names, p) if q >= 0.5], "scores": dict(zip(names, p))}
                     else:
                         p = row.softmax(-1).tolist()
                         best = max(range(len(p)), key=p.__getitem__)
-                        results.append({"label": names[best], "score": p[best], "scores": dict(zip(names, p))})
+                        results[i] = {"label": names[best], "score": p[best], "scores": dict(zip(names, p))}
         return results
 
 
@@ -194,15 +194,15 @@ class BertForTokenClassification(_TaskModel):
     def predict(self, texts, *, tokenizer=None, batch_size: int = 32, max_length=None) -> list[list[tuple]]:
         """For each text, ``(token, label, probability)`` for every real token (special tokens left out)."""
         names = self.config.id2label
-        results = []
+        results = [None] * (1 if isinstance(texts, str) else len(texts))
         with self._predicting():
-            for tok, batch in self._batches(texts, None, tokenizer, batch_size, max_length):
+            for tok, rows, batch in self._batches(texts, None, tokenizer, batch_size, max_length):
                 probs = self(**batch).logits.float().softmax(-1)  # (B, T, num_labels)
                 p, best = probs.max(-1)
                 special = {tok.vocab[t] for t in (tok.cls_token, tok.sep_token, tok.pad_token)}
-                for ids, row_p, row_best in zip(batch["input_ids"].tolist(), p.tolist(), best.tolist()):
-                    results.append([(tok.convert_ids_to_tokens([i])[0], names[b], q)
-                                    for i, q, b in zip(ids, row_p, row_best) if i not in special])
+                for r, ids, row_p, row_best in zip(rows, batch["input_ids"].tolist(), p.tolist(), best.tolist()):
+                    results[r] = [(tok.convert_ids_to_tokens([i])[0], names[b], q)
+                                  for i, q, b in zip(ids, row_p, row_best) if i not in special]
         return results
 
 
@@ -238,28 +238,26 @@ class BertForQuestionAnswering(_TaskModel):
         """For each (question, context): the best span of the context, ``{"answer": text, "start": char,
         "end": char, "score": start logit + end logit}``, with start <= end < start + max_answer_tokens."""
         contexts = [contexts] if isinstance(contexts, str) else list(contexts)
-        results, k = [], 0
+        results = [None] * len(contexts)
         with self._predicting():
-            for _, batch in self._batches(questions, contexts, tokenizer, batch_size, max_length,
-                                          return_offsets_mapping=True):
+            for _, rows, batch in self._batches(questions, contexts, tokenizer, batch_size, max_length, offsets=True):
                 offsets = batch.pop("offset_mapping")
                 out = self(**batch)
-                for start, end, types, mask, offs in zip(out.start_logits, out.end_logits, batch["token_type_ids"],
-                                                         batch["attention_mask"], offsets):
+                for k, start, end, types, mask, offs in zip(rows, out.start_logits, out.end_logits,
+                                                            batch["token_type_ids"], batch["attention_mask"], offsets):
                     in_context = (types == 1) & (mask == 1) & (offs[:, 1] > offs[:, 0])  # context tokens, no [SEP]
                     scores = start[:, None] + end[None, :]  # (T, T): span i..j
                     T = scores.shape[0]
                     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
                     allowed = (j >= i) & (j < i + max_answer_tokens) & in_context[:, None] & in_context[None, :]
                     if not bool(allowed.any()):
-                        results.append({"answer": "", "start": 0, "end": 0, "score": float("-inf")})
+                        results[k] = {"answer": "", "start": 0, "end": 0, "score": float("-inf")}
                     else:
                         best = int(scores.masked_fill(~allowed, float("-inf")).flatten().argmax())
                         a, b = divmod(best, T)
                         first, last = int(offs[a, 0]), int(offs[b, 1])
-                        results.append({"answer": contexts[k][first:last], "start": first, "end": last,
-                                        "score": float(scores[a, b])})
-                    k += 1
+                        results[k] = {"answer": contexts[k][first:last], "start": first, "end": last,
+                                      "score": float(scores[a, b])}
         return results
 
 

@@ -44,17 +44,47 @@ def plan_batches(lengths: Sequence[int], *, batch_size: int | None = None,
     return batches
 
 
-def collate(input_ids: Sequence[Sequence[int]], rows: Sequence[int], pad_id: int, *, device=None) -> dict:
+def collate(input_ids: Sequence[Sequence[int]], rows: Sequence[int], pad_id: int, *, device=None,
+            token_type_ids: Sequence[Sequence[int]] | None = None,
+            offset_mapping: Sequence[Sequence[tuple[int, int]]] | None = None) -> dict:
     """One padded batch (input_ids, attention_mask, token_type_ids as (B, T) long tensors) of the
-    already tokenised ``input_ids[i]`` for i in ``rows`` (single texts: token type 0 everywhere)."""
+    already tokenised ``input_ids[i]`` for i in ``rows``. Token types are 0 everywhere unless
+    ``token_type_ids`` (a tokenizer's, for pairs) are given; ``offset_mapping`` adds (B, T, 2) character
+    offsets, (0, 0) at padding."""
     import torch
 
     longest = max(len(input_ids[i]) for i in rows)
     ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    types = torch.zeros_like(ids)
+    offsets = torch.zeros((len(rows), longest, 2), dtype=torch.long) if offset_mapping is not None else None
     for r, i in enumerate(rows):
         n = len(input_ids[i])
         ids[r, :n] = torch.as_tensor(input_ids[i], dtype=torch.long)
         mask[r, :n] = 1
-    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        if token_type_ids is not None:
+            types[r, :n] = torch.as_tensor(token_type_ids[i], dtype=torch.long)
+        if offsets is not None and n:
+            offsets[r, :n] = torch.as_tensor(offset_mapping[i], dtype=torch.long).view(n, 2)
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    if offsets is not None:
+        batch["offset_mapping"] = offsets
     return {k: v.to(device) for k, v in batch.items()} if device is not None else batch
+
+
+def text_batches(tokenizer, texts: Sequence[str], text_pairs: Sequence[str] | None = None, *,
+                 batch_size: int | None = 32, max_tokens: int | None = None, max_length: int | None = None,
+                 offsets: bool = False, device=None):
+    """``(rows, batch)`` for the texts (and pairs): tokenised once with truncation to ``max_length``,
+    grouped by ``plan_batches`` (longest first), each batch padded to its own longest row. ``rows`` are
+    indices into ``texts``: a caller writes each result back to its row, so outputs keep the input order.
+    ``offsets``: each batch also carries ``offset_mapping`` (B, T, 2)."""
+    texts = list(texts)
+    pairs = None if text_pairs is None else list(text_pairs)
+    encoded = tokenizer(texts, pairs, truncation=True, max_length=max_length, return_attention_mask=False,
+                        return_offsets_mapping=offsets) if texts else {"input_ids": []}
+    ids = encoded["input_ids"]
+    for rows in plan_batches([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens):
+        yield rows, collate(ids, rows, tokenizer.pad_token_id, device=device,
+                            token_type_ids=encoded.get("token_type_ids") if pairs is not None else None,
+                            offset_mapping=encoded["offset_mapping"] if offsets else None)

@@ -100,20 +100,18 @@ def tagging_batches(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequenc
 def tag_words(model, tokenizer, sentences: Sequence[Sequence[str]], *, batch_size: int = 32,
               max_length: int | None = 128) -> list[list[str]]:
     """Each word's predicted tag (from its first sub-word); words cut off by truncation get "O"."""
+    from ..tools.batching import text_batches
     from ..words import assign_pieces, word_spans
 
     names = model.config.id2label
-    out = []
+    texts, spans = zip(*(word_spans(list(s)) for s in sentences)) if len(sentences) else ((), ())
+    out = [None] * len(texts)
     model.eval()
     with torch.inference_mode():
-        for start in range(0, len(sentences), batch_size):
-            chunk = [list(s) for s in sentences[start:start + batch_size]]
-            texts, spans = zip(*(word_spans(s) for s in chunk))
-            batch = dict(tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
-                                   return_offsets_mapping=True, return_tensors="pt"))
+        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, offsets=True):
             offsets = batch.pop("offset_mapping")
             best = model(**batch).logits.argmax(-1)  # (B, T)
-            for r, span in enumerate(spans):
-                pieces = assign_pieces(offsets[r], batch["attention_mask"][r], span)
-                out.append([names[int(best[r, p[0]])] if p else "O" for p in pieces])
+            for r, i in enumerate(rows):
+                pieces = assign_pieces(offsets[r], batch["attention_mask"][r], spans[i])
+                out[i] = [names[int(best[r, p[0]])] if p else "O" for p in pieces]
     return out

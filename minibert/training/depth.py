@@ -33,6 +33,7 @@ from torch import nn
 
 from ..errors import InputError
 from ..models.heads import BertForSequenceClassification, sequence_loss
+from ..tools.batching import text_batches
 from ..tools.pooling import pool
 from ..inputs import check_index
 from ..tools.fast import Stepper
@@ -218,12 +219,8 @@ class EarlyExit(nn.Module):
                 batch_size: int = 32, max_length: int | None = 128) -> tuple[list[str], list[int]]:
         """Labels and exit blocks for ``texts`` (batched in length order, results in input order)."""
         names = [self.config.id2label[i] for i in range(self.config.num_labels)]
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         labels, exits = [None] * len(texts), [None] * len(texts)
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
-                              return_tensors="pt")
+        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length):
             out = self.predict_batch(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
                                      entropy=entropy, patience=patience)
             for i, z, e in zip(rows, out.logits, out.exits.tolist()):
@@ -270,11 +267,9 @@ def exit_accuracies(ee: EarlyExit, tokenizer, texts, labels, *, batch_size: int 
     was_training = ee.training
     ee.eval()
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                              max_length=max_length, return_tensors="pt")
+        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length):
             guesses = ee(**batch).logits.argmax(-1)  # (N, B)
-            gold = torch.tensor([names.index(str(y)) for y in labels[start:start + batch_size]])
+            gold = torch.tensor([names.index(str(labels[i])) for i in rows])
             correct += (guesses == gold).sum(1)
     ee.train(was_training)
     return (correct / len(texts)).tolist()
@@ -299,13 +294,9 @@ def exit_curve(ee: EarlyExit, tokenizer, texts, labels, *, entropies=None, patie
     run = fast.prepare(model.bert)
 
     def full():
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = [None] * len(texts)
         with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                rows = order[start:start + batch_size]
-                batch = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
-                                  return_tensors="pt")
+            for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length):
                 logits = model.classifier(run(**batch).pooler_output)
                 for i, z in zip(rows, logits):
                     out[i] = names[int(z.argmax())]
