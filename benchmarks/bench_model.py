@@ -121,7 +121,7 @@ def implementations(directory: Path, dtype: torch.dtype, with_torch: bool = True
         "minibert readable": lambda b: ours(**b).last_hidden_state,
     }
     if dtype == torch.float32:
-        packed = fast.prepare(BertModel.from_pretrained(directory, dtype=dtype).eval(), prepack_fp32=True)
+        packed = fast.prepare(BertModel.from_pretrained(directory, dtype=dtype).eval(), fp32_kernel="onednn")
         impls["minibert prepacked fp32"] = lambda b: packed(**b).last_hidden_state
     if with_torch:
         encoder = torch_encoder_from(ours).to(dtype)

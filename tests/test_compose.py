@@ -384,3 +384,18 @@ def test_bertviz_style_loading(minilm_dir, tokenizer):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     with pytest.raises(InputError, match="unsupported argument.*trust_remote_code"):
         TransformersBertModel.from_pretrained(minilm_dir, trust_remote_code=True)
+
+
+# ------------------------------------------------------------------------ tools people point at BERT
+def test_keybert_takes_a_sentence_encoder_as_its_backend(minilm_dir):
+    keybert = pytest.importorskip("keybert")
+    st = pytest.importorskip("sentence_transformers")
+    doc = ("Supervised learning is the machine learning task of learning a function that maps an input to an "
+           "output based on example input-output pairs. It infers a function from labeled training data.")
+    ours = keybert.KeyBERT(model=SentenceEncoder.from_pretrained(minilm_dir).as_backend("keybert"))
+    theirs = keybert.KeyBERT(model=st.SentenceTransformer(str(minilm_dir), device="cpu"))
+    got, want = ours.extract_keywords(doc, top_n=5), theirs.extract_keywords(doc, top_n=5)
+    assert [w for w, _ in got] == [w for w, _ in want]
+    assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(got, want))
+    with pytest.raises(InputError, match="keybert, bertopic"):
+        SentenceEncoder.from_pretrained(minilm_dir).as_backend("flair")

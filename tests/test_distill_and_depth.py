@@ -429,7 +429,7 @@ def test_layerdrop_skips_blocks_while_training_only(tiny_teacher_dir):
                                                                   return_tensors="pt"))
     with torch.no_grad():
         plain = model(**batch).logits
-    drop = depth.layerdrop(model, 0.5, seed=3)
+    drop = depth.LayerDrop(model, 0.5, seed=3)
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, plain)  # eval mode: no effect
         model.train()
@@ -449,14 +449,15 @@ def test_layerdrop_skips_blocks_while_training_only(tiny_teacher_dir):
     with torch.no_grad():
         model(**batch)
     assert len(drop.dropped) == 200  # removed: no more draws
-    again = depth.layerdrop(model, 0.5, seed=3)
+    with pytest.warns(DeprecationWarning, match="LayerDrop"):
+        again = depth.layerdrop(model, 0.5, seed=3)  # the old name
     with torch.no_grad():
         for _ in range(200):
             model(**batch)
     assert again.dropped == seen  # the same seed, the same draws
     again.remove()
     with pytest.raises(InputError, match=r"\[0, 1\)"):
-        depth.layerdrop(model, 1.0)
+        depth.LayerDrop(model, 1.0)
 
 
 def test_spread_blocks_keeps_the_top_block():

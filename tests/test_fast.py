@@ -249,7 +249,9 @@ def test_prepacked_fp32_option_stays_close(minilm):
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     with torch.inference_mode():
         slow = model(**batch)
-        fast, named = prepare(model, prepack_fp32=True)(**batch), prepare(model, fp32_kernel="onednn")(**batch)
+        with pytest.warns(DeprecationWarning, match="fp32_kernel='onednn'"):
+            old_name = prepare(model, prepack_fp32=True)
+        fast, named = old_name(**batch), prepare(model, fp32_kernel="onednn")(**batch)
     # oneDNN's fp32 kernels sum in yet another order: documented as up to 4x the floor (1.1e-5 on BERT-base)
     assert compare(slow, fast, batch["attention_mask"]) <= 4 * fp32_noise_floor(model, batch)
     assert torch.equal(fast.last_hidden_state, named.last_hidden_state)  # two spellings of one kernel

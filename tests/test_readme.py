@@ -47,6 +47,9 @@ def test_every_readme_python_snippet_runs(minilm_dir, tmp_path, monkeypatch):
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the bf16 snippet on a CPU without bf16 units
+            # README teaches the current names only: our own deprecations are errors here
+            warnings.filterwarnings("error", category=DeprecationWarning, module="minibert")
+            warnings.filterwarnings("error", message=".*minibert.*(has moved|will go)", category=DeprecationWarning)
             try:
                 exec(compile(code, f"README.md:{line}", "exec"), namespace)
             except Exception as e:

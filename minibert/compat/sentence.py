@@ -149,6 +149,10 @@ class SentenceEncoder:
                 "max_seq_length": self.max_seq_length, "do_lower_case": self.do_lower_case,
                 "pooling": list(self.pooling), "normalize": self.normalize}
 
+    def as_backend(self, library: str = "keybert"):
+        """This encoder as KeyBERT's or BERTopic's embedding backend (see ``as_backend``)."""
+        return as_backend(self, library)
+
     def get_sentence_embedding_dimension(self) -> int:
         return self.model.config.hidden_size * len(self.pooling)
 
@@ -192,6 +196,41 @@ class SentenceEncoder:
         return encode_ids(self.model, ids, self.tokenizer.pad_token_id, pooling=self.pooling,
                           normalize=self.normalize or normalize, batch_size=batch_size, max_tokens=max_tokens,
                           progress=progress)
+
+
+#: libraries that take an embedding backend: name -> the module holding their BaseEmbedder
+BACKEND_LIBRARIES = {"keybert": "keybert.backend", "bertopic": "bertopic.backend"}
+
+
+def as_backend(encoder: "SentenceEncoder", library: str = "keybert"):
+    """``encoder`` as the embedding backend of KeyBERT or BERTopic: an instance of that library's own
+    ``BaseEmbedder`` whose ``embed(documents)`` is ``encoder.encode(documents)``. Handed anything else
+    (a SentenceEncoder itself, a path), those libraries do not recognise it and silently load a model from
+    the hub instead; a backend is what they take as is:
+
+        KeyBERT(model=as_backend(encoder, "keybert"))
+        BERTopic(embedding_model=as_backend(encoder, "bertopic"))"""
+    import importlib
+
+    from ..errors import MissingExtra
+
+    if library not in BACKEND_LIBRARIES:
+        raise InputError(f"library={library!r}: minibert makes backends for {', '.join(BACKEND_LIBRARIES)}")
+    try:
+        base = importlib.import_module(BACKEND_LIBRARIES[library]).BaseEmbedder
+    except ImportError:
+        raise MissingExtra(f"as_backend(..., {library!r}) needs the {library} package: pip install {library}") from None
+
+    class MinibertBackend(base):
+        """minibert's SentenceEncoder behind {library}'s BaseEmbedder."""
+
+        def __init__(self):
+            super().__init__(embedding_model=encoder)
+
+        def embed(self, documents, verbose: bool = False):
+            return encoder.encode(list(documents), show_progress_bar=bool(verbose))
+
+    return MinibertBackend()
 
 
 def cosine_search(matrix: np.ndarray, queries: np.ndarray, k: int = 5) -> list[list[tuple[int, float]]]:

@@ -14,7 +14,7 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
    blocked kernel (from 12 rows on, on the CPUs measured). The block is found once per process, matrix
    shape and thread count, by trying (``summation_block``); where none reproduces ``F.linear`` the
    products stay ``F.linear``. Many rows are summed in tiles whose partial sums stay in cache.
-   ``fp32_kernel="onednn"`` (or ``prepack_fp32=True``) takes oneDNN's own order instead: faster still,
+   ``fp32_kernel="onednn"`` (the deprecated ``prepack_fp32=True``) takes oneDNN's own order instead: faster still,
    but about 2x further from the readable path; ``"linear"`` keeps ``F.linear`` and copies no weight
    but the fused QKV. bf16/fp16 weights are prepacked once into oneDNN's blocked layout (AMX kernels)
    and the GELU runs inside the first FFN product.
@@ -325,6 +325,11 @@ class FastBert:
             raise InputError(f"fp32_kernel={fp32_kernel!r}: use one of {FP32_KERNELS}")
         if prepack_fp32 and fp32_kernel != "auto":
             raise InputError(f"prepack_fp32=True is fp32_kernel='onednn'; it cannot go with fp32_kernel={fp32_kernel!r}")
+        if prepack_fp32:
+            import warnings
+
+            warnings.warn("prepack_fp32=True is fp32_kernel='onednn': say that (prepack_fp32 will go)",
+                          DeprecationWarning, stacklevel=3)
         self.model = model
         self.fp32_kernel = "onednn" if prepack_fp32 else fp32_kernel
 
@@ -355,7 +360,7 @@ def prepare(model: BertModel, *, fp32_kernel: str = "auto", prepack_fp32: bool =
     the weight copies are made on first use and shared by every FastBert of the same model and options.
     ``fp32_kernel``: ``"auto"`` (oneDNN in F.linear's summation order where this CPU has one, else
     F.linear), ``"linear"`` (F.linear, no weight copies but the fused QKV) or ``"onednn"`` (oneDNN's own
-    order, fastest; ``prepack_fp32=True`` says the same) -- see the module docstring."""
+    order, fastest; the deprecated ``prepack_fp32=True`` says the same) -- see the module docstring."""
     return FastBert(model, fp32_kernel=fp32_kernel, prepack_fp32=prepack_fp32)
 
 

@@ -5,7 +5,7 @@
   model learns not to rely on any one block; afterwards it can be pruned to any subset of blocks
   (``keep_blocks``; "every other" from the top: ``spread_blocks``) with little loss.
 
-      drop = layerdrop(model, p=0.2, seed=0)   # a forward pre-hook: nothing in model.py changes
+      drop = LayerDrop(model, p=0.2, seed=0)   # a forward pre-hook: nothing in model.py changes
       fit(model, batches, ...)
       drop.remove()
       small = keep_blocks(model, spread_blocks(6, 3))   # blocks 1, 3, 5
@@ -79,7 +79,11 @@ class LayerDrop:
 
 
 def layerdrop(model: nn.Module, p: float, *, seed: int = 0) -> LayerDrop:
-    """Start LayerDrop on ``model`` (see ``LayerDrop``); returns it (``.remove()`` stops it)."""
+    """Deprecated: ``LayerDrop(model, p, seed=seed)`` says the same (the class is what it returns)."""
+    import warnings
+
+    warnings.warn("depth.layerdrop(model, p) is LayerDrop(model, p): call the class (layerdrop() will go)",
+                  DeprecationWarning, stacklevel=2)
     return LayerDrop(model, p, seed=seed)
 
 
