@@ -56,7 +56,8 @@ from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # 
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.loading import copy_tokenizer  # noqa: E402
 from minibert.tools import fast, surgery  # noqa: E402
-from minibert.training import depth, distill, tasks  # noqa: E402
+from minibert.training import depth, distill  # noqa: E402
+from minibert.training.pipelines import distill as distill_pipeline, exits, finetune as tasks  # noqa: E402
 from minibert.training.datasets import read_table  # noqa: E402
 
 import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
@@ -244,7 +245,7 @@ def part_task(args, results):
     teacher = teacher_dir(args, trec)
     student_dir = args.workdir / "trec-distilled"
     if not (student_dir / "metrics.json").exists():
-        distill.distill_task(args.train, trec / "test.csv", teacher, student_dir, student_blocks=[0, 2, 4],
+        distill_pipeline.distill_task(args.train, trec / "test.csv", teacher, student_dir, student_blocks=[0, 2, 4],
                              temperature=2.0, alpha=0.5, config=FitConfig(epochs=args.epochs, progress=False),
                              batch_size=BATCH, max_length=MAX_LENGTH)
     baseline_dir = args.workdir / "trec-3blocks-no-teacher"
@@ -313,7 +314,7 @@ def part_exits(args, results):
     for mode, joint in (("frozen", False),):
         directory = args.workdir / f"trec-exits-{mode}"
         if not (directory / "exits.json").exists():
-            depth.train_exits(teacher, args.train, trec / "test.csv", directory, joint=joint,
+            exits.train_exits(teacher, args.train, trec / "test.csv", directory, joint=joint,
                               config=FitConfig(epochs=2, lr=1e-3, progress=False), batch_size=BATCH,
                               max_length=MAX_LENGTH, log=print)
         best = depth.EarlyExit.from_pretrained(directory)

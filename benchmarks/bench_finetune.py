@@ -33,7 +33,7 @@ from fetch_data import fetch_trec, fetch_wnut16  # noqa: E402
 
 from minibert import BertForSequenceClassification, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
-from minibert.training import tasks  # noqa: E402
+from minibert.training.pipelines import finetune as tasks  # noqa: E402
 from minibert.training.loop import FitConfig  # noqa: E402
 
 import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)

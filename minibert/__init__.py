@@ -30,14 +30,19 @@ _LAZY = {"BertConfig": ".config", "BertModel": ".models.bert", "BertOutput": ".m
 MOVED = {"layers": "analysis.layers", "probing": "analysis.probing", "plots": "analysis.plots",
          "lens": "analysis.lens", "parity": "analysis.parity", "hooks": "tools.hooks", "fast": "tools.fast",
          "surgery": "tools.surgery", "accounting": "tools.accounting", "distill": "training.distill",
-         "api": "models.bert", "heads": "models.heads", "distributed": "compat.ray"}
+         "api": "models.bert", "heads": "models.heads", "distributed": "compat.ray",
+         "training.tasks": "training.pipelines.finetune"}
 
 
 def _moved(name: str) -> str:
     """The new full name of the old module ``minibert.<name>``, after a DeprecationWarning naming it."""
-    new = f"{__name__}.{MOVED[name]}"
-    warnings.warn(f"minibert.{name} has moved to {new}; import it from there (the old name will go)",
-                  DeprecationWarning, stacklevel=3)
+    return moved(f"minibert.{name}", f"{__name__}.{MOVED[name]}", stacklevel=4)
+
+
+def moved(old: str, new: str, stacklevel: int = 3) -> str:
+    """``new``, after a DeprecationWarning that ``old`` moved there (the one wording of every such warning)."""
+    warnings.warn(f"{old} has moved to {new}; import it from there (the old name will go)", DeprecationWarning,
+                  stacklevel=stacklevel)
     return new
 
 __all__ = ["BertConfig", "BertModel", "BertOutput", "BertTokenizer", "BertForSequenceClassification",

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from conftest import hf_config, random_hf_model
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer, InputError
 from minibert.training import depth, distill
+from minibert.training.pipelines import distill as distill_pipeline
 from minibert.training.data import classification_batches
 from minibert.training.loop import FitConfig, fit
 
@@ -325,9 +326,9 @@ def test_distill_corpus_augments_after_holding_out(tiny_encoder_dir, tmp_path, m
 
     def record(teacher, student, tokenizer, texts, *, eval_texts, **kwargs):
         seen["train"], seen["held"] = list(texts), list(eval_texts)
-    monkeypatch.setattr(distill, "distill_embeddings", record)
+    monkeypatch.setattr(distill_pipeline, "distill_embeddings", record)
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(60)]
-    distill.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", student_blocks=[0, 2], augment=50)
+    distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", student_blocks=[0, 2], augment=50)
     held = set(seen["held"])
     assert len(held) == 3 and len(seen["train"]) == 57 + 50
     plain = seen["train"][:57]
@@ -335,14 +336,14 @@ def test_distill_corpus_augments_after_holding_out(tiny_encoder_dir, tmp_path, m
     made_words = {w for t in seen["train"][57:] for w in t.split()}
     assert not made_words & {t.split()[1] for t in held}  # nothing made from a held-out sentence
     with pytest.raises(InputError, match="augment"):
-        distill.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", augment=-3)
+        distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", augment=-3)
 
 
 def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_path):
     texts, labels = toy(64, seed=1)
     path = tmp_path / "train.csv"
     path.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
-    history, teacher_score = distill.distill_task(
+    history, teacher_score = distill_pipeline.distill_task(
         path, path, tiny_teacher_dir, tmp_path / "student", student_blocks=[3], temperature=2.0, alpha=0.7,
         hidden_weight=0.5, attention_weight=0.5, layer_map="1:4",
         config=FitConfig(epochs=4, lr=3e-3, progress=False), batch_size=8, max_length=16,
@@ -354,7 +355,7 @@ def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_pat
     with pytest.raises(InputError, match="label"):
         bad = tmp_path / "bad.csv"
         bad.write_text("text,label\nhello,other\nbye,pos\n")
-        distill.distill_task(bad, bad, tiny_teacher_dir, tmp_path / "x", log=None)
+        distill_pipeline.distill_task(bad, bad, tiny_teacher_dir, tmp_path / "x", log=None)
 
 
 def test_distillers_refuse_what_cannot_be_matched(tiny_encoder_dir, tiny_teacher_dir):
@@ -470,7 +471,7 @@ def test_spread_blocks_keeps_the_top_block():
 
 
 def test_finetune_with_layerdrop_writes_a_prunable_model(tiny_encoder_dir, tmp_path):
-    from minibert.training.tasks import finetune
+    from minibert.training.pipelines.finetune import finetune
 
     texts, labels = toy(32, seed=4)
     data = tmp_path / "d.csv"

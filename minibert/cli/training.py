@@ -33,7 +33,7 @@ def add_finetune(sub) -> None:
 
 def cmd_finetune(args) -> int:
     from ..training.loop import FitConfig
-    from ..training.tasks import finetune
+    from ..training.pipelines.finetune import finetune
 
     check_lr(args.lr)
     config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
@@ -145,7 +145,7 @@ _EMBEDDING_ONLY = [
 
 
 def cmd_distill(args) -> int:
-    from ..training import distill as D
+    from ..training.pipelines import distill as D
     from ..training.loop import FitConfig
 
     if args.texts is not None and args.train is not None:
@@ -214,7 +214,7 @@ def add_exits(sub) -> None:
 
 
 def cmd_exits(args) -> int:
-    from ..training.depth import train_exits
+    from ..training.pipelines.exits import train_exits
     from ..training.loop import FitConfig
 
     lr = check_lr(args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3))

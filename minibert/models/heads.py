@@ -98,10 +98,7 @@ class _TaskModel(nn.Module):
             model = cls(config, add_pooler=encoder.pooler is not None)
         model.bert = encoder
         generator = torch.Generator().manual_seed(seed)
-        head = nn.Linear(config.hidden_size, model.head_out_features(), device=device)
-        with torch.no_grad():
-            head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * 0.02)
-            head.bias.zero_()
+        head = init_head(nn.Linear(config.hidden_size, model.head_out_features(), device=device), generator)
         setattr(model, cls.head_attribute, head)
         model.source = encoder.source  # where the tokenizer is, for predict()
         return model.train()
@@ -156,7 +153,7 @@ class BertForSequenceClassification(_TaskModel):
         regression ``{"score": value}``; for multi-label ``{"labels": [names with p >= 0.5], "scores": ...}``
         (sigmoid). ``tokenizer`` defaults to the one saved beside the checkpoint."""
         names = [self.config.id2label[i] for i in range(self.config.num_labels)]
-        kind = self.config.problem_type or ("regression" if self.config.num_labels == 1 else "single_label_classification")
+        kind = problem_type(self.config)
         results = [None] * (1 if isinstance(texts, str) else len(texts))
         with self._predicting():
             for _, rows, batch in self._batches(texts, text_pairs, tokenizer, batch_size, max_length):
@@ -268,18 +265,34 @@ def classifier_layers(config: BertConfig) -> tuple[nn.Dropout, nn.Linear]:
     return nn.Dropout(dropout), nn.Linear(config.hidden_size, config.num_labels)
 
 
+def init_head(linear: nn.Linear, generator: torch.Generator) -> nn.Linear:
+    """A new head layer as BERT initialises one: weights from N(0, 0.02) drawn with ``generator`` (an
+    explicit seed, so a run is reproducible), zero bias. In place; returns the layer."""
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator).to(linear.weight) * 0.02)
+        if linear.bias is not None:
+            linear.bias.zero_()
+    return linear
+
+
+def problem_type(config: BertConfig, labels: torch.Tensor | None = None) -> str:
+    """transformers' rule for what a sequence classifier does: ``config.problem_type`` when set, else
+    regression for one label, single-label classification for integer labels (or when no labels are
+    given), multi-label classification for float labels."""
+    if config.problem_type is not None:
+        return config.problem_type
+    if config.num_labels == 1:
+        return "regression"
+    if labels is None or labels.dtype in (torch.long, torch.int):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
 def sequence_loss(logits: torch.Tensor, labels, config: BertConfig) -> torch.Tensor:
-    """transformers' rule: regression (MSE) for one label, single-label cross-entropy for integer labels,
-    multi-label binary cross-entropy otherwise -- unless config.problem_type says which."""
+    """transformers' loss: MSE for regression, cross-entropy for single-label classification, binary
+    cross-entropy for multi-label (``problem_type``)."""
     labels = torch.as_tensor(labels, device=logits.device)
-    kind = config.problem_type
-    if kind is None:
-        if config.num_labels == 1:
-            kind = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            kind = "single_label_classification"
-        else:
-            kind = "multi_label_classification"
+    kind = problem_type(config, labels)
     if kind == "regression":
         if config.num_labels == 1:
             return F.mse_loss(logits.squeeze(), labels.squeeze().to(logits.dtype))

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import InputError
-from ..models.heads import BertForSequenceClassification, sequence_loss
+from ..models.heads import BertForSequenceClassification, init_head, problem_type, sequence_loss
 from ..tools.batching import text_batches
 from ..tools.pooling import pool
 from ..inputs import check_index
@@ -115,7 +115,7 @@ class EarlyExit(nn.Module):
         super().__init__()
         if not isinstance(model, BertForSequenceClassification) or model.bert.pooler is None:
             raise InputError("EarlyExit takes a BertForSequenceClassification (with its pooler)")
-        kind = model.config.problem_type or ("regression" if model.config.num_labels == 1 else "single_label_classification")
+        kind = problem_type(model.config)
         if kind != "single_label_classification":
             raise InputError(f"early exit needs a single-label classifier; this model's problem is {kind}")
         if pooling not in ("mean", "cls"):
@@ -134,10 +134,8 @@ class EarlyExit(nn.Module):
         drawn from N(0, 0.02) with zero biases (as BERT initialises)."""
         H, C = model.config.hidden_size, model.config.num_labels
         ramp = nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Dropout(model.dropout.p), nn.Linear(H, C))
-        with torch.no_grad():
-            for linear in (ramp[0], ramp[3]):
-                linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator) * 0.02)
-                linear.bias.zero_()
+        for linear in (ramp[0], ramp[3]):
+            init_head(linear, generator)
         return ramp
 
     def train(self, mode: bool = True):
@@ -340,52 +338,11 @@ def curve_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def train_exits(model_source, train_path, eval_path, out_dir, *, joint: bool = False, config=None,
-                batch_size: int = 16, max_length: int = 128, text_column: str = "text", label_column: str = "label",
-                rounds: int = 1, log=None) -> str:
-    """``minibert exits``: exits on a fine-tuned classifier (frozen, or ``joint``), trained on ``train_path``;
-    the classifier with its exits, the tokenizer and ``exits.json`` (per-exit accuracy and the curve on
-    ``eval_path``) written to ``out_dir``. Returns the curve as a markdown table."""
-    import json
+def __getattr__(name: str):  # the from-files pipeline that lived here: minibert.training.pipelines.exits
+    if name == "train_exits":
+        import importlib
 
-    from ..tokenizer import BertTokenizer
-    from .data import classification_batches
-    from .datasets import read_table
-    from .loop import FitConfig, fit
-    from ..loading import copy_tokenizer
+        from .. import moved
 
-    config = config or FitConfig(epochs=2)
-    model = BertForSequenceClassification.from_pretrained(model_source)
-    tokenizer = BertTokenizer.from_pretrained(model_source)
-    ee = EarlyExit(model, frozen=not joint)
-    train = read_table(train_path, text_column=text_column, label_column=label_column)
-    held = read_table(eval_path, text_column=text_column, label_column=label_column)
-    label2id = model.config.label2id
-    unknown = sorted(set(map(str, train.labels + held.labels)) - set(label2id))
-    if unknown:
-        raise InputError(f"the data has label(s) {unknown[:5]} that {model_source} does not predict "
-                         f"(it knows {sorted(label2id)[:10]})")
-    batches = classification_batches(tokenizer, train.texts, [label2id[str(y)] for y in train.labels],
-                                     batch_size=batch_size, max_length=max_length, seed=config.seed)
-
-    def evaluate(m):
-        accuracies = exit_accuracies(m, tokenizer, held.texts, held.labels, max_length=max_length)
-        return {"mean_exit_accuracy": sum(accuracies) / len(accuracies),
-                **{f"exit_{i}": a for i, a in enumerate(accuracies)}}
-
-    def report(record):
-        if log is not None:
-            shown = ", ".join(f"{v:.3f}" for k, v in record["eval"].items() if k.startswith("exit_"))
-            log(f"epoch {record['epoch']}/{config.epochs}: train loss {record['train_loss']:.4f}, accuracy per exit "
-                f"{shown}, {record['seconds']:.1f} s")
-
-    history = fit(ee, batches, config=config, evaluate=evaluate, metric="mean_exit_accuracy", out_dir=out_dir,
-                  on_epoch_end=report)
-    best = EarlyExit.from_pretrained(out_dir)
-    copy_tokenizer(model_source, out_dir)
-    rows = exit_curve(best, tokenizer, held.texts, held.labels, rounds=rounds, max_length=max_length)
-    (Path(out_dir) / "exits.json").write_text(json.dumps({
-        "joint": joint, "best_epoch": history.best_epoch,
-        "exit_accuracy": exit_accuracies(best, tokenizer, held.texts, held.labels, max_length=max_length),
-        "curve": rows}, indent=2) + "\n", encoding="utf-8")
-    return curve_table(rows)
+        return importlib.import_module(moved(f"{__name__}.train_exits", "minibert.training.pipelines.exits")).train_exits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

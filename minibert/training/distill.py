@@ -29,12 +29,14 @@ student trains under bf16 autocast; for long embedding runs its vectors can be c
     distill_embeddings(teacher, student, tokenizer, texts, config=FitConfig(epochs=1, lr=1e-4))
     embedding_agreement(embed(teacher, tok, held), embed(student, tok, held))  # {"spearman", "top_k_overlap", ...}
 
-``minibert distill`` runs both modes from files.
+``minibert distill`` runs both modes from files: ``minibert.training.pipelines.distill`` (``distill_corpus``,
+``distill_task``; still reachable from here).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -46,20 +48,16 @@ from torch import nn
 
 from ..tools.pooling import pool
 from ..errors import InputError
-from ..models.heads import BertForSequenceClassification, BertForTokenClassification
+from ..models.heads import problem_type
 from ..inputs import check_index
 from ..model import BertModel
-from ..models import BertModel as PublicBertModel
-from ..tokenizer import BertTokenizer
 from ..tools import fast
 from ..tools.batching import collate
 from ..tools.encode import encode_texts, encoder_of
-from ..tools.surgery import check_dropout, dropout, freeze, keep_blocks
+from ..tools.surgery import check_dropout, dropout, keep_blocks
 from . import metrics
-from .data import _epoch_rows, classification_batches, tag_words, tagging_batches
-from .datasets import read_table, read_tagged
-from .loop import FitConfig, History, fit
-from ..loading import copy_tokenizer
+from .data import _epoch_rows
+from .loop import FitConfig, History, epoch_reporter, fit
 
 POOLINGS = ("mean", "cls", "max")
 
@@ -278,7 +276,7 @@ class TaskDistiller(_Distiller):
         t, s = teacher.config, student.config
         if t.num_labels != s.num_labels:
             raise InputError(f"teacher has {t.num_labels} labels, student {s.num_labels}: they must predict the same")
-        if (t.problem_type or "") == "regression" or t.num_labels == 1:
+        if problem_type(t) == "regression":
             raise InputError("task distillation with soft targets needs a classifier (the teacher is a regressor)")
         self.temperature, self.alpha = float(temperature), float(alpha)
 
@@ -426,159 +424,18 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
             log(f"teacher vectors of {len(texts):,} texts computed once: {time.perf_counter() - started:.1f} s")
     batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed,
                            group_by_length=group_by_length, targets=targets)
-    with _dropout(student, student_dropout):
+    with (contextlib.nullcontext() if student_dropout is None else dropout(student, student_dropout)):
         return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
-                   out_dir=out_dir, on_epoch_end=_reporter(log, config))
+                   out_dir=out_dir, on_epoch_end=epoch_reporter(log, config.epochs, loss_digits=5))
 
 
-def _dropout(student, p: float | None):
-    """``surgery.dropout(student, p)``, or nothing when p is None."""
-    return contextlib.nullcontext() if p is None else dropout(student, p)
+#: the from-files pipelines that lived here: minibert.training.pipelines.distill (reachable here, with a warning)
+_PIPELINES = ("distill_corpus", "distill_task", "split_held_out", "CorpusRun")
 
 
-def _reporter(log, config):
-    def report(record):
-        if log is not None:
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in record.get("eval", {}).items())
-            log(f"epoch {record['epoch']}/{config.epochs}: train loss {record['train_loss']:.5f}"
-                + (f", {shown}" if shown else "") + f", {record['seconds']:.1f} s")
-    return report
+def __getattr__(name: str):
+    if name in _PIPELINES:
+        from .. import moved
 
-
-@dataclass
-class CorpusRun:
-    history: History
-    before: dict  # agreement of the untrained student (the teacher's blocks, copied)
-    blocks: list[int]  # the teacher blocks the student started from
-    held_out: int  # texts the agreement is measured on
-    split: bool  # True: they were held out of ``texts`` (no eval_texts given)
-
-
-def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts: Sequence[str] | None = None,
-                   student_blocks=None, pooling: str = "mean", normalize: bool = False,
-                   similarity_weight: float = 0.0, hidden_weight: float = 0.0,
-                   attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
-                   config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
-                   max_length: int | None = 128, group_by_length: bool = False,
-                   student_dropout: float | None = 0.0, augment: int = 0, cache_teacher: bool = False,
-                   freeze_embeddings: bool = False, log: Callable[[str], None] | None = None) -> CorpusRun:
-    """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
-    every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, add ``augment`` new texts made
-    from the training texts (``augment_texts``, after the held-out split), measure the agreement before,
-    distil, and write the best student with the tokenizer to ``out_dir``. ``freeze_embeddings``: the
-    student keeps the teacher's embeddings (``surgery.freeze``): no gradient for the word-embedding
-    matrix, a faster step."""
-    if student_dropout is not None:
-        check_dropout(student_dropout)
-    check_index("augment (texts to make)", augment, 0, 10**9)
-    texts = [t for t in texts if t.strip()]
-    if not texts:
-        raise InputError("no non-empty text to distil on")
-    split = not eval_texts
-    if split:
-        texts, eval_texts = split_held_out(texts, seed=config.seed)
-    else:
-        eval_texts = [t for t in eval_texts if t.strip()]
-        if len(eval_texts) < 3:
-            raise InputError(f"{len(eval_texts)} non-empty held-out text(s); the agreement needs at least 3")
-    if augment:
-        texts = texts + augment_texts(texts, augment, seed=config.seed)
-    teacher = PublicBertModel.from_pretrained(teacher_source, mlm_head=False).eval()
-    tokenizer = BertTokenizer.from_pretrained(teacher_source)
-    blocks = list(student_blocks) if student_blocks is not None else default_blocks(teacher.config.num_hidden_layers)
-    student = init_student(teacher, blocks).train()
-    if freeze_embeddings:
-        freeze(student, embeddings=True)
-    if isinstance(layer_map, str):
-        layer_map = parse_layer_map(layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-    k = min(10, len(eval_texts) - 1)
-    before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
-                                 embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
-    history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
-                                 normalize=normalize, similarity_weight=similarity_weight,
-                                 hidden_weight=hidden_weight, attention_weight=attention_weight,
-                                 layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
-                                 group_by_length=group_by_length, student_dropout=student_dropout,
-                                 cache_teacher=cache_teacher, out_dir=out_dir, log=log)
-    copy_tokenizer(teacher_source, out_dir)
-    return CorpusRun(history, before, blocks, len(eval_texts), split)
-
-
-def split_held_out(texts: Sequence[str], share: float = 0.05, limit: int = 1000, seed: int = 0):
-    """(train, held): a seeded share of the texts (at most ``limit``, at least 3) held out for agreement."""
-    order = list(range(len(texts)))
-    random.Random(seed).shuffle(order)
-    n = min(limit, max(3, round(share * len(texts))))
-    if len(texts) - n < 1:
-        raise InputError(f"{len(texts)} texts are too few to hold {n} out for evaluation; give --eval-texts")
-    held = set(order[:n])
-    return [t for i, t in enumerate(texts) if i not in held], [texts[i] for i in sorted(held)]
-
-
-# ------------------------------------------------------------------------------------------------ task
-def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = "classify", student_blocks=None,
-                 temperature: float = 2.0, alpha: float = 0.5, hidden_weight: float = 0.0,
-                 attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None, text_column: str = "text",
-                 pair_column: str | None = None, label_column: str = "label", tag_column: str = "upos",
-                 config: FitConfig = FitConfig(), batch_size: int = 16, max_length: int = 128,
-                 student_dropout: float | None = None,
-                 log: Callable[[str], None] | None = print) -> tuple[History, dict]:
-    """Distil a fine-tuned classifier (``task="classify"``) or tagger (``"tag"``) into a student made of
-    ``student_blocks`` of its blocks; the student is evaluated after each epoch as ``minibert finetune``
-    evaluates (accuracy / entity F1), the best epoch saved in ``out_dir`` with the tokenizer. Returns the
-    history and the teacher's score on the same evaluation data. ``student_dropout``: as in
-    ``distill_embeddings``; None (here the default) keeps the student's own dropout, which regularises a
-    classifier trained on few labels."""
-    if task not in ("classify", "tag"):
-        raise InputError(f"task {task!r}: distillation with soft targets takes 'classify' or 'tag'")
-    if student_dropout is not None:
-        check_dropout(student_dropout)
-    cls = BertForSequenceClassification if task == "classify" else BertForTokenClassification
-    teacher = cls.from_pretrained(teacher_source).eval()
-    tokenizer = BertTokenizer.from_pretrained(teacher_source)
-    student = init_student(teacher, student_blocks).train()
-    if isinstance(layer_map, str):
-        layer_map = parse_layer_map(layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-    label2id = teacher.config.label2id
-    if task == "tag":
-        train_words, train_tags = read_tagged(train_path, column=tag_column)
-        eval_words, eval_tags = read_tagged(eval_path, column=tag_column)
-        _known(label2id, {t for row in train_tags + eval_tags for t in row}, teacher_source)
-        batches = tagging_batches(tokenizer, train_words, train_tags, label2id, batch_size=batch_size,
-                                  max_length=max_length, seed=config.seed)
-
-        def score(m):
-            scores = metrics.entity_f1(tag_words(m, tokenizer, eval_words, max_length=max_length), eval_tags)
-            return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}
-        metric = "entity_f1"
-    else:
-        train = read_table(train_path, text_column=text_column, label_column=label_column, pair_column=pair_column)
-        held = read_table(eval_path, text_column=text_column, label_column=label_column, pair_column=pair_column)
-        _known(label2id, set(train.labels) | set(held.labels), teacher_source)
-        batches = classification_batches(tokenizer, train.texts, [label2id[y] for y in train.labels],
-                                         pairs=train.pairs, batch_size=batch_size, max_length=max_length,
-                                         seed=config.seed)
-
-        def score(m):
-            labels = [p["label"] for p in m.predict(held.texts, held.pairs, tokenizer=tokenizer, max_length=max_length)]
-            return {"accuracy": metrics.accuracy(labels, held.labels), "macro_f1": metrics.macro_f1(labels, held.labels)}
-        metric = "accuracy"
-    teacher_score = score(teacher)
-    if log is not None:
-        log(f"teacher ({teacher.config.num_hidden_layers} blocks): "
-            + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
-    distiller = TaskDistiller(teacher, student, temperature=temperature, alpha=alpha, hidden_weight=hidden_weight,
-                              attention_weight=attention_weight, layer_map=layer_map)
-    with _dropout(student, student_dropout):
-        history = fit(distiller, batches, config=config, evaluate=lambda m: score(m.student), metric=metric,
-                      out_dir=out_dir, on_epoch_end=_reporter(log, config))
-    copy_tokenizer(teacher_source, out_dir)
-    return history, teacher_score
-
-
-def _known(label2id: dict, labels: set, source) -> None:
-    unknown = sorted(set(map(str, labels)) - set(label2id), key=str)
-    if unknown:
-        raise InputError(f"the data has label(s) {unknown[:5]} that the teacher {source} does not predict "
-                         f"(it knows {sorted(label2id)[:10]})")
-
+        return getattr(importlib.import_module(moved(f"{__name__}.{name}", "minibert.training.pipelines.distill")), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -250,3 +250,17 @@ def _bar(total: int, desc: str, enabled: bool):
     if hasattr(bar, "unit"):
         bar.unit = "batch"
     return bar
+
+
+def epoch_reporter(log: Callable[[str], None] | None, epochs: int, loss_digits: int = 4,
+                   describe: Callable[[dict], str] | None = None) -> Callable[[dict], None]:
+    """``on_epoch_end`` for ``fit``: one line per epoch to ``log`` (nothing when it is None) -- the train loss,
+    the evaluation (``describe(eval)``, default every number with 4 decimals) and the seconds."""
+    def report(record):
+        if log is None:
+            return
+        scores = record.get("eval") or {}
+        shown = describe(scores) if describe is not None else ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
+        log(f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.{loss_digits}f}"
+            + (f", {shown}" if shown else "") + f", {record['seconds']:.1f} s")
+    return report

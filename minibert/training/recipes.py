@@ -20,7 +20,7 @@ from torch import nn
 from ..analysis.layers import ScalarMix
 from ..tools.pooling import pool
 from ..errors import InputError
-from ..models.heads import BertForSequenceClassification, ClassifierOutput, sequence_loss
+from ..models.heads import BertForSequenceClassification, ClassifierOutput, init_head, sequence_loss
 from ..models import BertModel
 
 
@@ -68,10 +68,7 @@ class ScalarMixClassifier(nn.Module):
         self.config = dataclasses.replace(encoder.config, id2label=dict(enumerate(names)), problem_type=problem_type)
         self.mix = ScalarMix(self.config.num_hidden_layers + 1)
         self.classifier = nn.Linear(self.config.hidden_size, len(names))
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            self.classifier.weight.copy_(torch.randn(self.classifier.weight.shape, generator=generator) * 0.02)
-            self.classifier.bias.zero_()
+        init_head(self.classifier, torch.Generator().manual_seed(seed))
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None):
         self.bert.eval()  # frozen: no dropout, no gradients

@@ -1,0 +1,53 @@
+"""Early exits from files, as ``minibert exits`` runs it: exits on a fine-tuned classifier (frozen, or trained
+with it), trained on a labelled file; the classifier with its exits, its tokenizer and ``exits.json`` (per-exit
+accuracy and the accuracy / blocks / time curve on the held-out file) written out. The exits themselves are
+``minibert.training.depth``'s."""
+
+from __future__ import annotations
+
+import json
+
+from ...loading import copy_tokenizer
+from ...models.heads import BertForSequenceClassification
+from ...tokenizer import BertTokenizer
+from ..depth import EarlyExit, curve_table, exit_accuracies, exit_curve
+from ..loop import FitConfig, epoch_reporter, fit
+from .skeleton import check_labels, check_out_dir, read_task_data
+
+
+def train_exits(model_source, train_path, eval_path, out_dir, *, joint: bool = False, config=None,
+                batch_size: int = 16, max_length: int = 128, text_column: str = "text", label_column: str = "label",
+                rounds: int = 1, log=None) -> str:
+    """``minibert exits``: exits on a fine-tuned classifier (frozen, or ``joint``), trained on ``train_path``;
+    the classifier with its exits, the tokenizer and ``exits.json`` (per-exit accuracy and the curve on
+    ``eval_path``) written to ``out_dir``. Returns the curve as a markdown table."""
+    config = config or FitConfig(epochs=2)
+    out_dir = check_out_dir(out_dir)
+    model = BertForSequenceClassification.from_pretrained(model_source)
+    tokenizer = BertTokenizer.from_pretrained(model_source)
+    ee = EarlyExit(model, frozen=not joint)
+    data = read_task_data("classify", train_path, eval_path, text_column=text_column, label_column=label_column)
+    check_labels(model.config.label2id, data.labels("train") + data.labels("held"), "the data",
+                 f"{model_source} does not predict")
+    held = data.held
+    batches = data.batches(tokenizer, model.config.label2id, batch_size=batch_size, max_length=max_length,
+                           seed=config.seed)
+
+    def evaluate(m):
+        accuracies = exit_accuracies(m, tokenizer, held.texts, held.labels, max_length=max_length)
+        return {"mean_exit_accuracy": sum(accuracies) / len(accuracies),
+                **{f"exit_{i}": a for i, a in enumerate(accuracies)}}
+
+    report = epoch_reporter(log, config.epochs, describe=lambda scores: "accuracy per exit " + ", ".join(
+        f"{v:.3f}" for k, v in scores.items() if k.startswith("exit_")))
+
+    history = fit(ee, batches, config=config, evaluate=evaluate, metric="mean_exit_accuracy", out_dir=out_dir,
+                  on_epoch_end=report)
+    best = EarlyExit.from_pretrained(out_dir)
+    copy_tokenizer(model_source, out_dir)
+    rows = exit_curve(best, tokenizer, held.texts, held.labels, rounds=rounds, max_length=max_length)
+    (out_dir / "exits.json").write_text(json.dumps({
+        "joint": joint, "best_epoch": history.best_epoch,
+        "exit_accuracy": exit_accuracies(best, tokenizer, held.texts, held.labels, max_length=max_length),
+        "curve": rows}, indent=2) + "\n", encoding="utf-8")
+    return curve_table(rows)

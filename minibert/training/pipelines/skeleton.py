@@ -1,0 +1,92 @@
+"""What every from-files pipeline does the same way (see the package docstring)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ...errors import InputError
+from .. import metrics
+from ..data import classification_batches, tag_words, tagging_batches
+from ..datasets import read_table, read_tagged
+
+#: what each task reads, predicts and keeps the best epoch by
+TASK_METRIC = {"classify": "accuracy", "regress": "pearson", "tag": "entity_f1"}
+
+
+def check_out_dir(out_dir) -> Path:
+    """The output folder as a Path; a file there is an InputError (the folder is created on the first save)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir} is a file")
+    return out_dir
+
+
+def check_labels(known: Sequence[str], labels, source, what: str) -> None:
+    """Every label of the data is one the model predicts (``known``), or an InputError naming the first
+    unknown ones, where they come from (``source``) and what the model knows. ``what`` says whose labels
+    they are, e.g. "the training data never shows" or "the teacher ... does not predict"."""
+    unknown = sorted(set(map(str, labels)) - set(map(str, known)), key=str)
+    if unknown:
+        shown = sorted(map(str, known), key=str)
+        raise InputError(f"{source} has label(s) {unknown[:5]} that {what}; the model can only predict "
+                         f"{shown[:10]}{' ...' if len(shown) > 10 else ''}")
+
+
+@dataclass
+class TaskData:
+    """The labelled files of a task, read once: ``train`` / ``held`` are tables (classify, regress) or
+    (words, tags) lists (tag)."""
+
+    task: str
+    train: object
+    held: object
+
+    def labels(self, which: str = "train") -> list:
+        data = self.train if which == "train" else self.held
+        return [t for row in data[1] for t in row] if self.task == "tag" else list(data.labels)
+
+    def batches(self, tokenizer, label2id: dict, *, batch_size: int, max_length: int, seed: int):
+        """``fit``'s batches of the training file, labels mapped by ``label2id`` (regression: the scores)."""
+        if self.task == "tag":
+            words, tags = self.train
+            return tagging_batches(tokenizer, words, tags, label2id, batch_size=batch_size, max_length=max_length,
+                                   seed=seed)
+        targets = ([float(y) for y in self.train.labels] if self.task == "regress"
+                   else [label2id[str(y)] for y in self.train.labels])
+        return classification_batches(tokenizer, self.train.texts, targets, pairs=self.train.pairs,
+                                      batch_size=batch_size, max_length=max_length, seed=seed)
+
+    def evaluator(self, tokenizer, *, max_length: int) -> Callable:
+        """``evaluate(model)`` on the held-out file, as ``minibert finetune`` reports it: accuracy and macro-F1
+        (classify), Pearson and Spearman (regress), entity F1, precision and recall (tag)."""
+        if self.task == "tag":
+            words, tags = self.held
+
+            def evaluate(model):
+                scores = metrics.entity_f1(tag_words(model, tokenizer, words, max_length=max_length), tags)
+                return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}
+            return evaluate
+        held = self.held
+
+        def evaluate(model):
+            predictions = model.predict(held.texts, held.pairs, tokenizer=tokenizer, max_length=max_length)
+            if self.task == "regress":
+                scores = [p["score"] for p in predictions]
+                return {"pearson": metrics.pearson(scores, held.labels), "spearman": metrics.spearman(scores, held.labels)}
+            labels = [p["label"] for p in predictions]
+            return {"accuracy": metrics.accuracy(labels, held.labels), "macro_f1": metrics.macro_f1(labels, held.labels)}
+        return evaluate
+
+
+def read_task_data(task: str, train_path, eval_path, *, text_column: str = "text", pair_column: str | None = None,
+                   label_column: str = "label", tag_column: str = "upos") -> TaskData:
+    """Read the training and held-out files of ``task`` (``TASK_METRIC``'s keys)."""
+    if task not in TASK_METRIC:
+        raise InputError(f"task {task!r}: use one of {tuple(TASK_METRIC)}")
+    if task == "tag":
+        return TaskData(task, read_tagged(train_path, column=tag_column), read_tagged(eval_path, column=tag_column))
+    regression = task == "regress"
+    read = dict(text_column=text_column, label_column=label_column, pair_column=pair_column, regression=regression)
+    return TaskData(task, read_table(train_path, **read), read_table(eval_path, **read))
