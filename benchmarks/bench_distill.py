@@ -47,7 +47,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "data"))
 
 from fetch_data import fetch_corpus, fetch_more, fetch_sentences, fetch_trec  # noqa: E402
@@ -60,7 +59,7 @@ from minibert.training import depth, distill  # noqa: E402
 from minibert.training.pipelines import distill as distill_pipeline, exits, finetune as tasks  # noqa: E402
 from minibert.training.datasets import read_table  # noqa: E402
 
-import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
+from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
 from minibert.training.loop import FitConfig  # noqa: E402
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"

@@ -26,7 +26,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "data"))
 
 from fetch_data import fetch_trec, fetch_wnut16  # noqa: E402
@@ -36,7 +35,7 @@ from minibert.hardware import cpu_info  # noqa: E402
 from minibert.training.pipelines import finetune as tasks  # noqa: E402
 from minibert.training.loop import FitConfig  # noqa: E402
 
-import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
+from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
 ARGS = None  # the parsed command line (the parent passes its options to each one-run child)

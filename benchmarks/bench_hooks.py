@@ -1,6 +1,6 @@
 """What an unhooked HookPoint costs, now that it honours torch's module hooks.
 
-Times, side by side in one process (``harness.alternate``, medians over rounds):
+Times, side by side in one process (``minibert.tools.timing.alternate``, medians over rounds):
 
 * one call of an empty ``HookPoint`` against the previous one (``if not self.fns: return x``, kept here as
   ``PreviousHookPoint`` for the comparison), in a loop of 100,000 calls;
@@ -24,14 +24,13 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "weights"))
 
 from minibert import BertModel, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.hookpoints import HookPoint  # noqa: E402
 
-import harness  # noqa: E402
+from minibert.tools import timing as harness  # noqa: E402
 
 
 class PreviousHookPoint(nn.Module):

@@ -39,13 +39,12 @@ import torch
 warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from minibert.tools import fast  # noqa: E402
 from minibert import BertModel  # noqa: E402
 from minibert.tools.accounting import flops_per_token  # noqa: E402
 
-import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
+from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
 
 BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
             intermediate_size=3072)

@@ -36,7 +36,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "data"))
 
@@ -45,7 +44,7 @@ from minibert.analysis.parity import run_parity  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.tools import fast  # noqa: E402
 
-import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
+from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
 
 MINILM = ROOT / "weights" / "all-MiniLM-L6-v2"
 RESULTS = ROOT / "benchmarks" / "results"

@@ -22,11 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from minibert import BertTokenizer  # noqa: E402
 
-import harness  # noqa: E402  (benchmarks/harness.py: the one timing loop)
+from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
 
 
 def make_sentences(vocab: list[str], n: int = 10_000, seed: int = 0) -> list[str]:

@@ -280,12 +280,12 @@ def exit_accuracies(ee: EarlyExit, tokenizer, texts, labels, *, batch_size: int 
 def exit_curve(ee: EarlyExit, tokenizer, texts, labels, *, entropies=None, patiences=None, rounds: int = 1,
                batch_size: int = 32, max_length: int | None = 128) -> list[dict]:
     """Accuracy, average blocks run and wall time for each exit rule on ``texts``, and for the plain model
-    on the fast path (``rule: "full model"``); times are the median of ``rounds`` rounds that alternate
-    the rules, and ``speedup`` is the full model's time over the rule's."""
+    on the fast path (``rule: "full model"``); every rule is called once to warm up, then in ``rounds``
+    rounds that alternate the rules (``tools.timing``); ``seconds`` is the median, ``speedup`` the median
+    over rounds of the full model's time over the rule's, ``speedup_spread`` its quartiles."""
     import statistics
-    import time
 
-    from ..tools import fast
+    from ..tools import fast, timing
 
     entropies = entropy_thresholds(ee.config.num_labels) if entropies is None else list(entropies)
     patiences = list(range(1, len(ee.ramps) + 2)) if patiences is None else list(patiences)
@@ -305,26 +305,27 @@ def exit_curve(ee: EarlyExit, tokenizer, texts, labels, *, entropies=None, patie
         return out, [len(ee.ramps)] * len(texts)
 
     ee.eval()
-    times = {rule: [] for rule in rules}
     results = {}
-    for _ in range(max(1, rounds)):
-        for rule in rules:
-            started = time.perf_counter()
+
+    def call(rule):
+        def run():
             if rule[0] == "full model":
                 results[rule] = full()
             else:
                 kind, value = rule
                 results[rule] = ee.predict(texts, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
                                            **{kind: value})
-            times[rule].append(time.perf_counter() - started)
-    base = statistics.median(times[rules[0]])
+        return run
+    # warmed up, alternated with a rotating start, read as medians of paired ratios (tools.timing)
+    times = timing.alternate({rule: call(rule) for rule in rules}, max(1, rounds), warmup=1, rotate=True)
     rows = []
     for rule in rules:
         predicted, exits = results[rule]
-        seconds = statistics.median(times[rule])
+        low, high = timing.spread([f / r for f, r in zip(times[rules[0]], times[rule])])
         rows.append({"rule": rule[0], "value": rule[1],
                      "accuracy": sum(p == g for p, g in zip(predicted, gold)) / len(gold),
-                     "blocks": sum(exits) / len(exits) + 1, "seconds": seconds, "speedup": base / seconds})
+                     "blocks": sum(exits) / len(exits) + 1, "seconds": statistics.median(times[rule]),
+                     "speedup": timing.paired_ratio(times, rules[0], rule), "speedup_spread": [low, high]})
     return rows
 
 

@@ -1,7 +1,9 @@
-"""The one timing loop of the benchmarks: functions called in alternation, side by side in one process.
+"""The one timing loop: functions called in alternation, side by side in one process (the benchmarks,
+``minibert exits``' speed column).
 
-Machines here are shared and noisy, so a speed is only ever read as a ratio of two functions timed in the
-same rounds (``alternate``), the median over rounds, with the spread beside it where a page reports it.
+Machines are shared and noisy, so a speed is read as a ratio of two functions timed in the same rounds
+(``alternate``, then ``paired_ratio``: the median over rounds of their ratio), after warm-up calls, with
+the spread (``spread``) beside it where a page reports it.
 """
 
 from __future__ import annotations
@@ -35,3 +37,12 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
 def paired_ratio(times: dict, a: str, b: str) -> float:
     """The median over rounds of a's time / b's time in the same round."""
     return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def spread(values) -> tuple[float, float]:
+    """The lower and upper quartiles of ``values`` (the spread a median is reported with)."""
+    values = sorted(values)
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (float("nan"), float("nan"))
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
