@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 from .activations import ACTIVATIONS
+from .checks import check_fraction, check_positive
 from .errors import InputError
 from .names import PRESETS, preset_name
 
@@ -50,9 +51,7 @@ class BertConfig:
         """Raise ValueError naming the field, its value and the rule it breaks."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+            check_positive(f"BertConfig.{name}", getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise InputError(
                 f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -66,9 +65,7 @@ class BertConfig:
                 "minibert implements absolute position embeddings only (transformers 5 silently ignores "
                 "'relative_key'/'relative_key_query' and computes something else; we refuse instead)")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            value = getattr(self, name)
-            if not 0.0 <= float(value) < 1.0:
-                raise InputError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+            check_fraction(f"BertConfig.{name}", getattr(self, name))
         if not float(self.layer_norm_eps) > 0:
             raise InputError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         if self.id2label is not None:
@@ -76,8 +73,8 @@ class BertConfig:
                 raise InputError(f"BertConfig.id2label must map 0..num_labels-1 to names, got {self.id2label!r}")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise InputError(f"BertConfig.problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
-        if self.classifier_dropout is not None and not 0.0 <= float(self.classifier_dropout) < 1.0:
-            raise InputError(f"BertConfig.classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")
+        if self.classifier_dropout is not None:
+            check_fraction("BertConfig.classifier_dropout", self.classifier_dropout)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise InputError(
                 f"BertConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})")

@@ -15,12 +15,13 @@ import warnings
 
 import torch
 
+from .names import short_dtype_name
+
 #: CPU flags (as /proc/cpuinfo spells them) that give native matrix arithmetic in each dtype
 NATIVE_FLAGS = {
     torch.bfloat16: ("avx512_bf16", "amx_bf16", "bf16"),
     torch.float16: ("avx512_fp16", "amx_fp16", "fphp", "asimdhp"),
 }
-_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _warned: set = set()
 
 
@@ -60,7 +61,8 @@ def warn_if_slow(dtype: torch.dtype, device, stacklevel: int = 2) -> None:
     _warned.add(dtype)
     name, _ = cpu_info()
     wanted = " or ".join(f for f in NATIVE_FLAGS[dtype] if "_" in f)
-    warnings.warn(f"{_NAMES[dtype]} on this CPU ({name or 'unknown model'}) has no {_NAMES[dtype]} matrix "
+    short = short_dtype_name(dtype)
+    warnings.warn(f"{short} on this CPU ({name or 'unknown model'}) has no {short} matrix "
                   f"instructions (no {wanted} flag): PyTorch emulates them, which is about 3-8x slower than "
                   "fp32 (measured on BERT-base). Use fp32 here, or a CPU with those instructions",
                   RuntimeWarning, stacklevel=stacklevel + 1)

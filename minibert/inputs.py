@@ -1,4 +1,4 @@
-"""Checking what callers pass in: forward arguments and every "an int in [lo, hi]" argument.
+"""Checking what callers pass to the model's forward (the argument checks themselves: ``checks.py``).
 
 Every error is an ``InputError`` (a ValueError) that names the argument, the offending value and the
 limit, instead of an index error deep inside an embedding. Checks that look at tensor *values* are
@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from .checks import check_index  # noqa: F401  (its home is checks.py; imported from here by older code)
 from .config import BertConfig
 from .errors import InputError
-
-
-def check_index(name: str, value, low: int, high: int, what: str = "") -> int:
-    """``value`` must be an int (not a bool) in [low, high]; returns it. The one range check of minibert."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InputError(f"{name}={value!r} is out of range: it must be an int in [{low}, {high}]"
-                         + (f" ({what})" if what else ""))
-    return value
 
 
 def check_blocks(config: BertConfig, num_blocks, skip_blocks) -> tuple[int | None, set[int]]:

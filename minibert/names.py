@@ -46,6 +46,18 @@ def preset_name(source: str) -> str | None:
 DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "float": "float32",
                "bf16": "bfloat16", "bfloat16": "bfloat16",
                "fp16": "float16", "float16": "float16", "half": "float16"}
+#: the short names, as options and reports spell them; "int8" (dynamic quantisation) is a loading mode
+SHORT_DTYPES = ("fp32", "bf16", "fp16")
+QUANTISED_DTYPES = ("int8",)
+
+
+def short_dtype_name(dtype) -> str:
+    """torch.float32 -> "fp32", torch.bfloat16 -> "bf16", torch.float16 -> "fp16" (the names above)."""
+    long_name = str(dtype).removeprefix("torch.")
+    for short in SHORT_DTYPES:
+        if DTYPE_NAMES[short] == long_name:
+            return short
+    return long_name
 
 
 def parse_dtype(dtype):

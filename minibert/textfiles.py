@@ -1,11 +1,13 @@
-"""Reading the text files the library takes: plain text one item per line (``read_lines``) and CoNLL-U
-(``read_conllu``: words and one label column per sentence). Each names the file and the line when it is
-not what it must be (``InputError``)."""
+"""The files the library reads and writes: plain text one item per line (``read_lines``), CoNLL-U
+(``read_conllu``: words and one label column per sentence), and the check of a file about to be written
+(``output_file``). Each names the file (and the line) when it is not what it must be (``InputError``)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from typing import Sequence
 
 from .errors import InputError, MissingExtra
 
@@ -25,6 +27,30 @@ def read_lines(path) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def output_file(path, suffix: str, what: str, formats: Sequence[str] | None = None) -> Path:
+    """Check a file to be written, before any work: its directory exists (never created) and is writable,
+    and it is not a directory. ``suffix`` is added to a name without it, as the writer would add it, so the
+    path returned (and printed) is the real one. With ``formats`` (the suffixes the writer takes, e.g. a
+    plot's), ``suffix`` is added only to a name with no suffix, and another suffix is an InputError."""
+    out = Path(path).expanduser()
+    if formats is None:
+        if out.suffix != suffix:
+            out = out.with_name(out.name + suffix)
+    else:
+        if not out.suffix:
+            out = out.with_name(out.name + suffix)
+        if out.suffix.lower() not in formats:
+            raise InputError(f"{what} {str(out)!r}: {out.suffix!r} is not a supported format; use one of "
+                             f"{', '.join(formats)}")
+    if out.is_dir():
+        raise InputError(f"{what} {str(out)!r} is a directory")
+    if not out.parent.is_dir():
+        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} does not exist (create it first)")
+    if not os.access(out.parent, os.W_OK):
+        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} is not writable")
+    return out
 
 
 _CONLLU_ID = re.compile(r"[1-9][0-9]*(-[1-9][0-9]*|\.[1-9][0-9]*)?")  # 3, 3-4 (multi-word) or 3.1 (empty node)

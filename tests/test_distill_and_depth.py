@@ -317,7 +317,7 @@ def test_augmented_texts_are_crops_pairs_and_dropouts_of_the_given_ones():
         distill.augment_texts(["", " "], 5)
     with pytest.raises(InputError, match=re.escape("n (texts to make)")):
         distill.augment_texts(texts, -1)
-    with pytest.raises(InputError, match=re.escape("drop=1.0")):
+    with pytest.raises(InputError, match=re.escape("drop must be in [0, 1), got 1.0")):
         distill.augment_texts(texts, 5, drop=1.0)
 
 
@@ -409,7 +409,7 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
                           (["--texts", str(corpus), "--student-blocks", "0,x"], "--student-blocks"),
                           (["--texts", str(corpus), "--student-blocks", "0,9"], "student blocks"),
                           (["--train", str(data), "--eval", str(data), "--group-by-length"], "embedding mode"),
-                          (["--texts", str(corpus), "--student-dropout", "1"], "dropout p=1.0 must be"),
+                          (["--texts", str(corpus), "--student-dropout", "1"], "dropout p must be in [0, 1), got 1.0"),
                           (["--train", str(data), "--eval", str(data), "--augment", "5"], "--augment is for"),
                           (["--texts", str(corpus), "--augment", "-1"], "augment (texts to make)"),
                           (["--train", str(data), "--eval", str(data), "--cache-teacher"], "--cache-teacher is for"),

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from ..names import QUANTISED_DTYPES, SHORT_DTYPES
 from ..errors import InputError, MissingExtra
 from ..tools.pooling import pool
 
@@ -43,6 +44,7 @@ DEFAULT_PAIRS = [
     ("Short.", "A somewhat longer second segment with several more tokens in it, to pad the first."),
 ]
 DEFAULT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-3, "int8": 2.0}
+assert set(DEFAULT_ATOL) == {*SHORT_DTYPES, *QUANTISED_DTYPES}  # every dtype name (names.py) has a tolerance
 #: int8 is judged by what its users compare, the sentence vectors: mean-pooled last layer, cosine to fp32's
 MIN_COSINE = {"int8": 0.99}
 

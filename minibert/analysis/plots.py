@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..textfiles import output_file
 from ..errors import InputError, MissingExtra
 
 
@@ -31,18 +32,7 @@ def output_path(path) -> Path:
     """Where a plot will really be written: ``path`` with ``.png`` added when it has no suffix. An
     unsupported suffix, a missing directory or a directory in place of the file is an InputError, raised
     before any work (call it first) and again when saving; directories are never created."""
-    path = Path(path).expanduser()
-    if not path.suffix:
-        path = path.with_name(path.name + ".png")
-    if path.suffix.lower() not in FORMATS:
-        raise InputError(f"plot file {str(path)!r}: {path.suffix!r} is not a supported format; use one of "
-                         f"{', '.join(FORMATS)}")
-    if path.is_dir():
-        raise InputError(f"plot file {str(path)!r} is a directory")
-    if not path.parent.is_dir():
-        raise InputError(f"plot file {str(path)!r}: the directory {str(path.parent)!r} does not exist "
-                         "(create it first)")
-    return path
+    return output_file(path, ".png", "plot file", formats=FORMATS)
 
 
 def _save(fig, path) -> Path:

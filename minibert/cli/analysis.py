@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
+from ..names import QUANTISED_DTYPES, SHORT_DTYPES
 from .common import (MODEL_HELP, PLOT_FORMATS, load, max_length_option, model_option, output_file, plot_file,
                      plot_option, quiet_option, read_lines, report_truncation, seed_option, tokenize)
 
@@ -207,7 +208,7 @@ def add_parity(sub) -> None:
     p = sub.add_parser("parity", help="per-layer differences: minibert vs transformers, or two checkpoints",
                        parents=[model_option()])
     p.add_argument("--against", help="a second checkpoint (run by minibert) instead of transformers")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
+    p.add_argument("--dtype", choices=[*SHORT_DTYPES, *QUANTISED_DTYPES], default="fp32",
                    help="int8: the model quantised on load (dtype='int8') against its own fp32 weights, layer by "
                         "layer, and the cosine of their sentence vectors (needs >= 0.99)")
     p.add_argument("--texts", help="a text file, one input per line (default: a built-in varied set)")

@@ -7,12 +7,10 @@ Only argparse and the standard library are imported here: ``minibert --help`` ne
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 from ..errors import InputError
-from ..textfiles import read_lines  # noqa: F401  (the commands' reader of text files)
+from ..textfiles import output_file, read_lines  # noqa: F401  (the commands' file checks and reader)
 
 DEFAULT_MODEL = "bert-base-uncased"
 MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
@@ -134,21 +132,6 @@ def report_truncation(truncated, total, limit, what="text"):
     print(f"minibert: note: {len(truncated)} of {total} {what}s had more than {limit} tokens and were truncated "
           f"(up to {max(n for _, n in truncated)} tokens cut; {what}s {which}); --max-length sets the limit",
           file=sys.stderr)
-
-
-def output_file(path: str, suffix: str, what: str) -> Path:
-    """Check an output file before any work: its directory exists (never created), it is not a directory.
-    ``suffix`` is added when missing, as the writer would add it, so the printed path is the real one."""
-    out = Path(path).expanduser()
-    if out.suffix != suffix:
-        out = out.with_name(out.name + suffix)
-    if out.is_dir():
-        raise InputError(f"{what} {str(out)!r} is a directory")
-    if not out.parent.is_dir():
-        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} does not exist (create it first)")
-    if not os.access(out.parent, os.W_OK):
-        raise InputError(f"{what} {str(out)!r}: the directory {str(out.parent)!r} is not writable")
-    return out
 
 
 def plot_file(path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..checks import check_positive
 from ..errors import InputError
 
 
@@ -26,8 +27,8 @@ def plan_batches(lengths: Sequence[int], *, batch_size: int | None = None,
     if batch_size is None and max_tokens is None:
         raise InputError("plan_batches needs batch_size or max_tokens (or both)")
     for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise InputError(f"{name} must be a positive integer, got {value!r}")
+        if value is not None:
+            check_positive(name, value)
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep input order
     batches, current, longest = [], [], 0
     for i in order:

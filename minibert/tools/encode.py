@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..checks import check_index
 from ..errors import InputError
 from .batching import collate, plan_batches
 from .fast import prepare
@@ -48,8 +49,7 @@ def encode_ids(model, ids: Sequence[Sequence[int]], pad_token_id: int, *, poolin
     L = encoder.config.num_hidden_layers
     layers = [layer] if isinstance(layer, int) else list(layer)
     for i in layers:
-        if isinstance(i, bool) or not isinstance(i, int) or not -(L + 1) <= i <= L:
-            raise InputError(f"layer={i!r}: the model has hidden states 0..{L} (or -1 for the last)")
+        check_index("layer", i, -(L + 1), L, f"the model has hidden states 0..{L}; -1 is the last")
     if not layers:
         raise InputError("layer: name at least one hidden state")
     if combine not in ("concat", "mean"):

@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from ..errors import InputError
-from ..inputs import check_index
+from ..checks import check_fraction, check_index
 from ..model import BertModel, MultiHeadSelfAttention
 
 
@@ -106,6 +106,4 @@ def dropout(model: torch.nn.Module, p: float):
 
 def check_dropout(p) -> float:
     """``p`` as a dropout probability, or an InputError naming it: a number in [0, 1)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
-        raise InputError(f"dropout p={p!r} must be a number in [0, 1)")
-    return float(p)
+    return check_fraction("dropout p", p)

@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..models.heads import BertForSequenceClassification, init_head, problem_type, sequence_loss
 from ..tools.batching import text_batches
 from ..tools.pooling import pool
-from ..inputs import check_index
+from ..checks import check_fraction, check_index
 from ..tools.fast import Stepper
 
 
@@ -53,8 +53,7 @@ class LayerDrop:
     come from its own generator (``seed``), so a run is repeatable. ``remove()`` takes it off."""
 
     def __init__(self, model: nn.Module, p: float, *, seed: int = 0):
-        if not 0 <= p < 1:
-            raise InputError(f"LayerDrop p={p!r} must be in [0, 1)")
+        check_fraction("LayerDrop p", p)
         self.encoder = getattr(model, "bert", model)
         self.p = float(p)
         self.generator = torch.Generator().manual_seed(seed)

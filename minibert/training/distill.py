@@ -49,7 +49,7 @@ from torch import nn
 from ..tools.pooling import pool
 from ..errors import InputError
 from ..models.heads import problem_type
-from ..inputs import check_index
+from ..checks import check_fraction, check_index
 from ..model import BertModel
 from ..tools import fast
 from ..tools.batching import collate
@@ -271,8 +271,7 @@ class TaskDistiller(_Distiller):
         super().__init__(teacher, student, **inside)
         if not temperature > 0:
             raise InputError(f"temperature={temperature!r} must be > 0")
-        if not 0 <= alpha <= 1:
-            raise InputError(f"alpha={alpha!r} must be in [0, 1]")
+        check_fraction("alpha", alpha, closed=True)
         t, s = teacher.config, student.config
         if t.num_labels != s.num_labels:
             raise InputError(f"teacher has {t.num_labels} labels, student {s.num_labels}: they must predict the same")
@@ -333,8 +332,7 @@ def augment_texts(texts: Sequence[str], n: int, *, seed: int = 0, drop: float = 
     if not sources:
         raise InputError("augment_texts: no non-empty text to make new ones from")
     check_index("n (texts to make)", n, 0, 10**9)
-    if not 0 <= drop < 1:
-        raise InputError(f"drop={drop!r} must be in [0, 1)")
+    check_fraction("drop", drop)
     rng = random.Random(seed)
     out = []
     for i in range(n):

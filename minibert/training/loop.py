@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from ..checks import check_fraction, check_positive
 from ..errors import InputError
 
 
@@ -108,13 +109,10 @@ class FitConfig:
 
     def check(self) -> None:
         for name in ("epochs", "accumulate"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"{name}={value!r} must be a positive int")
+            check_positive(name, getattr(self, name))
         if not self.lr > 0:
             raise InputError(f"lr={self.lr!r} must be > 0")
-        if not 0 <= self.warmup_ratio < 1:
-            raise InputError(f"warmup_ratio={self.warmup_ratio!r} must be in [0, 1)")
+        check_fraction("warmup_ratio", self.warmup_ratio)
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             raise InputError(f"layer_decay={self.layer_decay!r} must be in (0, 1]")
         if self.bf16 and self.fp16:

@@ -19,6 +19,7 @@ import math
 import torch
 from torch import nn
 
+from ..checks import check_positive
 from ..errors import InputError
 
 
@@ -118,8 +119,7 @@ def apply_lora(model: nn.Module, *, r: int = 8, alpha: float = 16.0, dropout: fl
     ``lora_targets``: short names such as ``query`` or ``dense_in``, or patterns such as ``*.ffn.*``).
     Modules whose attribute name is in ``train`` (the task head) stay trainable. An int8 model is refused
     (LoRA trains fp32 weights: adapt, merge, then quantise)."""
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise InputError(f"r={r!r} must be a positive int (the rank)")
+    check_positive("r", r, "the rank")
     if getattr(model, "quantized", None) or getattr(getattr(model, "bert", None), "quantized", None):
         raise InputError("this model is int8-quantised (inference only): apply LoRA to the fp32 model, "
                          "merge_lora, then quantise")

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..analysis.layers import ScalarMix
 from ..tools.pooling import pool
+from ..checks import check_positive
 from ..errors import InputError
 from ..models.heads import BertForSequenceClassification, ClassifierOutput, init_head, sequence_loss
 from ..models import BertModel
@@ -27,8 +28,7 @@ from ..models import BertModel
 def gradual_unfreezing(every: int = 1) -> Callable[[nn.Module, int], None]:
     """``on_epoch_start`` for ``fit``: at epoch e (from 0) the head and pooler train, plus the top
     ``e // every`` blocks; one stage after every block trains, the embeddings do too."""
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise InputError(f"every={every!r} must be a positive int (epochs per newly unfrozen block)")
+    check_positive("every", every, "epochs per newly unfrozen block")
 
     def on_epoch_start(model: nn.Module, epoch: int) -> None:
         blocks = list(model.bert.encoder.blocks)

@@ -1,0 +1,33 @@
+"""The argument checks every module uses: an int in a range, a positive int, a fraction. Each raises an
+``InputError`` (a ValueError) that names the argument, the value it got and the limit it broke; bools are
+never taken for numbers. ``minibert.inputs`` (forward arguments) and ``config`` build on these."""
+
+from __future__ import annotations
+
+from .errors import InputError
+
+
+def check_index(name: str, value, low: int, high: int, what: str = "") -> int:
+    """``value`` must be an int (not a bool) in [low, high]; returns it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InputError(f"{name}={value!r} is out of range: it must be an int in [{low}, {high}]"
+                         + (f" ({what})" if what else ""))
+    return value
+
+
+def check_positive(name: str, value, what: str = "") -> int:
+    """``value`` must be an int (not a bool) >= 1; returns it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value!r}" + (f" ({what})" if what else ""))
+    return value
+
+
+def check_fraction(name: str, value, *, closed: bool = False, what: str = "") -> float:
+    """``value`` must be a number (not a bool) in [0, 1), or in [0, 1] with ``closed``; returns it as a float.
+    (A dropout or a drop probability can never be 1; a mixing weight can.)"""
+    bound = "1]" if closed else "1)"
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or not (0 <= value <= 1 if closed else 0 <= value < 1):
+        raise InputError(f"{name} must be in [0, {bound}, got {value!r}" + ("" if number else " (not a number)")
+                         + (f" ({what})" if what else ""))
+    return float(value)
