@@ -11,7 +11,7 @@ Each Block is the Transformer encoder layer of Vaswani et al. 2017 with post-Lay
     out = LayerNorm(h + Dropout(FeedForward(h)))
 
 Shapes: B = batch, T = tokens per sequence, H = hidden_size, h = heads, d = H / h, F = intermediate_size.
-Numerics follow transformers' BertModel exactly (see shared notes): same operation order, the erf GELU,
+Numerics follow transformers' BertModel exactly: the same operation order, the erf GELU,
 LayerNorm eps 1e-12, masked keys filled with the dtype's most negative number.
 
 ``self.hook_*`` are HookPoints: identities that let ``minibert.tools.hooks`` read or replace an

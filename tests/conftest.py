@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +23,29 @@ from minibert.analysis.parity import DEFAULT_PAIRS as PAIRS  # noqa: E402
 from minibert.analysis.parity import DEFAULT_TEXTS  # noqa: E402
 
 SENTENCES = DEFAULT_TEXTS[:5]
+
+
+def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m minibert ARGS`` in a fresh process, as a user runs it, from the repository root (text
+    output captured, 10 minutes at most)."""
+    kwargs.setdefault("timeout", 600)
+    kwargs.setdefault("cwd", ROOT)
+    return subprocess.run([sys.executable, "-m", "minibert", *map(str, args)], capture_output=True, text=True, **kwargs)
+
+
+def cli_error(capsys, *args) -> str:
+    """Run the CLI in-process; it must exit 2 with one 'minibert: error: ...' line. Returns that line."""
+    from minibert.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("minibert: error: "), err
+    return err[0]
+
+
+POS_SAMPLE = ROOT / "tests" / "data" / "pos_sample.conllu"  # a small UPOS sample (tests/data/make_pos_sample.py)
 
 
 def load_script(name: str, folder: str = "weights"):

@@ -1,20 +1,18 @@
-"""Issue 15: code written for transformers runs on minibert (bert-score as the third-party witness),
-sentence-transformers folders give sentence-transformers' vectors, torchrun data parallelism."""
+"""Code written for transformers runs on minibert (bert-score as the third-party witness), and
+sentence-transformers folders give sentence-transformers' vectors (minibert/compat)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from conftest import hf_config, random_hf_model, transformers
+from conftest import run_cli, transformers
 from minibert import BertTokenizer, InputError
 from minibert.compat import ModelOutput, SentenceEncoder, TransformersBertModel
 from minibert.compat import hf as compat_hf
@@ -282,7 +280,7 @@ def test_embed_cli_follows_the_folder_and_says_so(minilm_dir, tmp_path):
     lines = ["a river bank", "the bank raised its rates", "word " * 300]
     path = tmp_path / "t.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "minibert", *a], capture_output=True, text=True)  # noqa: E731
+    run = run_cli
     r = run("embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet")
     assert r.returncode == 0, r.stderr
     assert "follows" in r.stderr and "max_seq_length 256, pooling mean, normalized" in r.stderr
@@ -302,41 +300,6 @@ def test_embed_cli_follows_the_folder_and_says_so(minilm_dir, tmp_path):
     assert np.load(tmp_path / "index.npy").shape == (3, 384)
     r = run("search", str(path), "money", "--model", str(minilm_dir), "--index", str(tmp_path / "index.npy"), "--quiet")
     assert r.returncode == 0 and "using the saved index" in r.stderr
-
-
-# ----------------------------------------------------------------------------------------- torchrun
-def test_torchrun_two_processes_equal_one_with_the_doubled_batch(tmp_path, minilm_dir):
-    """gloo on CPU, 2 processes x batch 4 == 1 process x batch 8, to 1e-5 after 4 optimiser steps."""
-    from safetensors.torch import load_file
-
-    tiny = tmp_path / "tiny"
-    config = hf_config(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    random_hf_model(config, seed=3).save_pretrained(tiny)
-    shutil.copy(minilm_dir / "vocab.txt", tiny / "vocab.txt")
-    rows = [(f"the day was {w} and {x}", "pos" if w in ("good", "nice") else "neg")
-            for w in ("good", "bad", "nice", "awful") for x in ("hot", "cold", "long", "short", "odd")][:15]
-    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows), encoding="utf-8")
-    common = ["finetune", "--train", str(tmp_path / "train.csv"), "--eval", str(tmp_path / "train.csv"),
-              "--model", str(tiny), "--epochs", "2", "--lr", "1e-3", "--seed", "0", "--quiet"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    one = subprocess.run([sys.executable, "-m", "minibert", *common, "--out", str(tmp_path / "one"), "--batch-size", "8"],
-                         capture_output=True, text=True, env=env)
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "minibert", *common, "--out", str(tmp_path / "two"), "--batch-size", "4"],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
-    assert a.keys() == b.keys()
-    start = load_file(tiny / "model.safetensors")
-    moved = max(float((a["bert." + k] - start[k]).abs().max()) for k in start if "bert." + k in a)
-    assert moved > 1e-3  # training did change the weights (15 rows, batches of 8: 2 steps an epoch, 7+8 rows)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
-    with pytest.raises(InputError, match="gradual recipe"):
-        from minibert.training import ddp
-
-        ddp.wrap_for_fit(nn.Linear(1, 1), recipe="gradual")
 
 
 def test_probing_features_with_a_token_budget_equal_fixed_batches(minilm_dir):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from minibert import BertModel, BertTokenizer
 from minibert.analysis import layers as L
 from minibert.testing import fp32_noise_floor
@@ -197,9 +195,6 @@ def test_word_alignment_pools_subwords(minilm):
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "minibert", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600)
 
 
 def test_cli_layers_probe_embed_end_to_end(minilm_dir, tmp_path):

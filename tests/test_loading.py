@@ -1,5 +1,6 @@
 """Loading and saving: sources (directory, file, hub id through an offline cache), strictness, pickles,
-save_pretrained round trip through transformers, dtypes and load memory."""
+save_pretrained round trip through transformers, dtypes and load memory; damaged files are a CheckpointError
+(one line from the CLI) naming the file; half precision on a CPU without it warns once."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import ROOT, hf_config, load_script, random_hf_model, random_batch_for, transformers
-from minibert import BertConfig, BertModel, CheckpointError
+from conftest import ROOT, cli_error, hf_config, load_script, random_batch_for, random_hf_model, transformers
+from minibert import BertConfig, BertModel, CheckpointError, InputError
 
 TINY = dict(vocab_size=300, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64)
 
@@ -274,3 +276,77 @@ def test_load_peak_memory_bert_base(base_random_dir, tiny_dir):
           f"anonymous growth {anon_growth:.0f} MiB = {anon_growth / size:.3f}x")
     assert peak_growth <= 1.2 * size
     assert anon_growth <= 0.2 * size
+
+
+# ------------------------------------------------------------------------ damaged files, precision warnings
+def copy_checkpoint(src: Path, dst: Path, weights: bytes | None = None) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".whl":
+            shutil.copy(f, dst / f.name)
+    if weights is not None:
+        (dst / "model.safetensors").write_bytes(weights)
+    return dst
+
+
+@pytest.mark.parametrize("damage", ["empty", "7 bytes", "header cut", "half", "last byte", "garbled header",
+                                    "huge header length", "plain text"])
+def test_truncated_or_corrupt_safetensors_is_a_checkpoint_error_naming_the_file(minilm_dir, tmp_path, capsys,
+                                                                                   damage):
+    data = (minilm_dir / "model.safetensors").read_bytes()
+    broken = {
+        "empty": b"",
+        "7 bytes": data[:7],
+        "header cut": data[:500],
+        "half": data[: len(data) // 2],
+        "last byte": data[:-1],
+        "garbled header": data[:8] + b"{not json" + data[17:],
+        "huge header length": (10**12).to_bytes(8, "little") + data[8:],
+        "plain text": b"this is not a checkpoint\n" * 20,
+    }[damage]
+    directory = copy_checkpoint(minilm_dir, tmp_path / "broken", broken)
+    with pytest.raises(CheckpointError, match="truncated or corrupt") as info:
+        BertModel.from_pretrained(directory)
+    assert str(directory / "model.safetensors") in str(info.value)
+    line = cli_error(capsys, "encode", "hello", "--model", str(directory))
+    assert "model.safetensors is truncated or corrupt" in line
+
+
+@pytest.mark.parametrize("name,content", [("config.json", b"{\"hidden_size\": 3"), ("config.json", b"\xff\xfe\x00"),
+                                          ("config.json", b"[1, 2]")])
+def test_corrupt_config_is_one_line_naming_the_file(minilm_dir, tmp_path, capsys, name, content):
+    directory = copy_checkpoint(minilm_dir, tmp_path / "broken")
+    (directory / name).write_bytes(content)
+    with pytest.raises(InputError, match="config.json"):
+        BertModel.from_pretrained(directory)
+    assert "config.json" in cli_error(capsys, "encode", "hello", "--model", str(directory))
+
+
+def test_corrupt_shard_index_is_a_checkpoint_error(minilm_dir, tmp_path):
+    directory = copy_checkpoint(minilm_dir, tmp_path / "sharded")
+    (directory / "model.safetensors").unlink()
+    (directory / "model.safetensors.index.json").write_text('{"weight_map": [1, 2]}')
+    with pytest.raises(CheckpointError, match="weight_map"):
+        BertModel.from_pretrained(directory)
+
+
+def test_half_precision_on_a_cpu_without_it_warns_once(minilm_dir, monkeypatch):
+    from minibert import hardware
+
+    monkeypatch.setattr(hardware, "_warned", set())
+    monkeypatch.setattr(hardware, "cpu_info", lambda: ("Some CPU", frozenset({"avx2", "avx512f"})))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        BertModel.from_pretrained(minilm_dir, dtype="bf16")
+        BertModel.from_pretrained(minilm_dir, dtype="bf16")
+        BertModel.from_pretrained(minilm_dir, dtype="fp16")
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 2, messages
+    assert "bf16 on this CPU (Some CPU)" in messages[0] and "avx512_bf16 or amx_bf16" in messages[0]
+    assert "fp16" in messages[1]
+    monkeypatch.setattr(hardware, "_warned", set())
+    monkeypatch.setattr(hardware, "cpu_info", lambda: ("Xeon", frozenset({"avx512f", "avx512_bf16", "amx_bf16"})))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        BertModel.from_pretrained(minilm_dir, dtype="bf16")
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]

@@ -1,3 +1,4 @@
 """Analysis built on the model's outputs: layer selection, pooling, mixing and similarity (``layers``),
-probing (``probing``), fill-mask and the logit lens (``lens``), plots (``plots``) and parity reports
-(``parity``). They import the core and the tools; neither imports them."""
+probing with a control task (``probing``), fill-mask and the logit lens (``lens``), 2-D maps of the stack
+(``maps``), plots (``plots``) and parity reports (``parity``). Above ``tools`` and ``models``; training,
+compat and the fronts use them, nothing below imports them."""

@@ -2,7 +2,12 @@
 
 Everything here takes ``out.hidden_states`` (a tuple of L + 1 tensors (B, T, H), [0] = embeddings
 output) or its stacked form (L + 1, B, T, H), plus the ``attention_mask`` (B, T) so that padding never
-leaks into a pooled vector, a mix or a similarity. Definitions: shared notes ``analysis-methods.md``.
+leaks into a pooled vector, a mix or a similarity. The definitions followed: ScalarMix is ELMo's and
+AllenNLP's ``gamma * sum_k softmax(w)_k h_k`` (N + 1 parameters, w started at 0, gamma at 1; its optional
+layer norm normalises each layer by one mean and variance over all unmasked elements of the batch, not per
+token); linear CKA is Kornblith et al. 2019's ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)`` on column-centred
+(tokens x features) matrices, padding excluded; centre of gravity and expected layer are Tenney et al.
+2019's.
 
 * selection: ``parse_layers("-4:", n)``, ``select_layers``; pooling: ``pool`` (cls, mean, max)
 * combination: ``concat_layers`` (default the last four), ``weighted_sum`` (softmax of fixed weights),

@@ -1,0 +1,196 @@
+"""The command line (minibert/cli): a user's mistake is one line and exit 2, a bug keeps its traceback, a
+closed pipe ends quietly, truncation is said, outputs are checked before any work, --help is instant."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import minibert.cli
+from conftest import POS_SAMPLE, ROOT, cli_error, run_cli
+from minibert import BertConfig, BertModel, BertTokenizer, InputError
+from minibert.cli import main
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory, minilm_dir):
+    """A tiny random checkpoint with a masked-LM head (MiniLM's vocabulary), made and saved by minibert."""
+    directory = tmp_path_factory.mktemp("tiny_mlm")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    BertModel(config, add_mlm_head=True).eval().save_pretrained(directory)
+    shutil.copy(minilm_dir / "vocab.txt", directory / "vocab.txt")
+    return directory
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    """Only user errors become one line: an internal ValueError (or anything else) propagates."""
+    def broken(args):
+        raise ValueError("an internal bug, e.g. a bad unpacking")
+
+    parser = minibert.cli.build_parser()
+    monkeypatch.setattr(minibert.cli, "build_parser", lambda: parser)
+    for action in parser._subparsers._group_actions[0].choices.values():
+        action.set_defaults(func=broken)
+    with pytest.raises(ValueError, match="internal bug"):
+        main(["encode", "hello"])
+    assert "minibert: error" not in capsys.readouterr().err
+
+
+def test_user_errors_are_input_errors_and_still_value_errors(minilm_dir):
+    model = BertModel.from_pretrained(minilm_dir)
+    with pytest.raises(InputError):
+        model(torch.tensor([[101, 10**6, 102]]))
+    with pytest.raises(ValueError):  # InputError is a ValueError: old `except ValueError` keeps working
+        model(torch.tensor([[101, 10**6, 102]]))
+
+
+def test_broken_pipe_ends_quietly(minilm_dir):
+    """`minibert encode ... | head`: the reader closes the pipe; no 'Broken pipe' message, no traceback."""
+    texts = [f"sentence number {i} about banks and rivers" for i in range(60)]  # ~300 KB of JSON: > a pipe
+    process = subprocess.Popen([sys.executable, "-m", "minibert", "encode", *texts, "--json", "--model",
+                                str(minilm_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    process.stdout.read(100)
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    code = process.wait(timeout=600)
+    assert err == "", err
+    assert code == 141
+
+
+def test_truncation_is_said_and_max_length_sets_it(minilm_dir, tmp_path):
+    long_text = " ".join(["word"] * 600)
+    r = run_cli("encode", long_text, "short", "--model", str(minilm_dir))
+    assert r.returncode == 0, r.stderr
+    assert "1 of 2 texts had more than 512 tokens and were truncated" in r.stderr
+    r = run_cli("encode", "one two three four five six", "short", "--model", str(minilm_dir), "--max-length", "5")
+    assert "1 of 2 texts had more than 5 tokens" in r.stderr and "texts 1)" in r.stderr
+    r = run_cli("encode", "x", "--model", str(minilm_dir), "--max-length", "513")
+    assert r.returncode == 2 and "--max-length 513 is out of range: it must be in [2, 512]" in r.stderr
+    r = run_cli("layers", long_text, "--model", str(minilm_dir))
+    assert r.returncode == 0 and "1 of 1 texts had more than 512 tokens" in r.stderr
+    lines = tmp_path / "texts.txt"
+    lines.write_text(f"short\n{long_text}\nalso short\n{long_text}\n", encoding="utf-8")
+    r = run_cli("embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet")
+    assert r.returncode == 0, r.stderr
+    # MiniLM's folder says max_seq_length 256 (sentence_bert_config.json), which embed follows (issue 15)
+    assert "2 of 4 lines had more than 256 tokens" in r.stderr and "lines 2, 4)" in r.stderr
+    r = run_cli("embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet",
+                "--ignore-folder-settings")
+    assert r.returncode == 0 and "2 of 4 lines had more than 512 tokens" in r.stderr
+
+
+def test_fill_says_the_mask_was_truncated(mlm_dir, capsys):
+    from minibert.analysis.lens import fill_mask, logit_lens
+
+    model, tok = BertModel.from_pretrained(mlm_dir), BertTokenizer.from_pretrained(mlm_dir)
+    text = "word " * 80 + "[MASK] ."
+    with pytest.raises(InputError, match=r"past the 64-token limit, so truncation cut it off"):
+        fill_mask(model, tok, [text])
+    with pytest.raises(InputError, match="truncation cut it off"):
+        logit_lens(model, tok, text)
+    with pytest.raises(InputError, match="no \\[MASK\\] token"):
+        fill_mask(model, tok, ["no mask here"])
+    assert "truncation cut it off" in cli_error(capsys, "fill", text, "--model", str(mlm_dir))
+    assert len(fill_mask(model, tok, ["a [MASK] b"], top_k=3)[0][0]) == 3
+
+
+def test_fill_top_k_is_bounded_by_the_vocabulary(mlm_dir, capsys):
+    from minibert.analysis.lens import fill_mask
+
+    model, tok = BertModel.from_pretrained(mlm_dir), BertTokenizer.from_pretrained(mlm_dir)
+    with pytest.raises(InputError, match=r"top_k=30523 is out of range.*\[1, 30522\]"):
+        fill_mask(model, tok, ["a [MASK] b"], top_k=30523)
+    assert len(fill_mask(model, tok, ["a [MASK] b"], top_k=30522)[0][0]) == 30522
+    line = cli_error(capsys, "fill", "a [MASK] b", "--model", str(mlm_dir), "--top-k", "100000")
+    assert "--top-k 100000 is larger than the vocabulary (30522 tokens)" in line
+
+
+def test_embed_blank_lines_are_an_error_or_rows_of_zeros(minilm_dir, tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("one\n\nthree\n   \nfive\n\x01\x02\n", encoding="utf-8")  # line 6: no token at all
+    r = run_cli("embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir))
+    assert r.returncode == 2 and "line 2 is blank (and 1 more)" in r.stderr and "--blank zeros" in r.stderr
+    assert not (tmp_path / "v.npy").exists()
+    r = run_cli("embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--blank",
+                "zeros", "--quiet")
+    assert r.returncode == 0, r.stderr
+    v = np.load(tmp_path / "v.npy")
+    assert v.shape == (6, 384) and not v[[1, 3, 5]].any() and v[[0, 2, 4]].any(axis=1).all()
+    path.write_text("one\n\x01\x02\nthree\n", encoding="utf-8")
+    r = run_cli("embed", str(path), "--out", str(tmp_path / "w.npy"), "--model", str(minilm_dir), "--quiet")
+    assert r.returncode == 2 and "line 2 has no token" in r.stderr
+
+
+def test_outputs_are_checked_before_any_work(tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("hello\n", encoding="utf-8")
+    missing = tmp_path / "missing" / "dir"
+    # the model does not exist either: the output is checked first, so the error is about the output
+    line = cli_error(capsys, "embed", str(texts), "--out", str(missing / "v.npy"), "--model", str(tmp_path / "nope"))
+    assert "--out" in line and "does not exist" in line
+    for command in (["layers", "some text"], ["probe", str(POS_SAMPLE)], ["fill", "a [MASK]"]):
+        line = cli_error(capsys, *command, "--plot", str(missing / "x.png"), "--model", str(tmp_path / "nope"))
+        assert "does not exist (create it first)" in line
+        line = cli_error(capsys, *command, "--plot", str(tmp_path / "x.jpg"), "--model", str(tmp_path / "nope"))
+        assert "'.jpg' is not a supported format" in line
+    assert not missing.parent.exists()  # never created
+    line = cli_error(capsys, "parity", "--model", str(tmp_path / "nope"), "--json", str(missing / "p.json"))
+    assert "--json" in line
+
+
+def test_duplicate_layers_are_an_error(minilm_dir, tmp_path, capsys):
+    from minibert.analysis import layers as L
+
+    with pytest.raises(InputError, match=r"layers '0,6,-1' selects hidden state 6 twice \(6 and -1"):
+        L.parse_layers("0,6,-1", 7)
+    assert L.parse_layers("0,5,-1", 7) == [0, 5, 6]
+    texts = tmp_path / "t.txt"
+    texts.write_text("hello\n", encoding="utf-8")
+    line = cli_error(capsys, "embed", str(texts), "--layers", "0,6,-1", "--out", str(tmp_path / "v"),
+                     "--model", str(minilm_dir), "--quiet")
+    assert "selects hidden state 6 twice" in line
+
+
+def test_underscore_is_no_label_and_one_class_is_an_error(minilm_dir, tmp_path, capsys):
+    pytest.importorskip("conllu")
+    from minibert.analysis.probing import probe_model, read_conllu
+
+    line = cli_error(capsys, "probe", str(POS_SAMPLE), "--column", "xpos", "--model", str(minilm_dir))
+    assert "every word's 'xpos' is '_'" in line
+    # some words labelled, some '_': the '_' words are context only, never a class
+    text = POS_SAMPLE.read_text(encoding="utf-8").splitlines()
+    mixed = []
+    for ln in text:
+        fields = ln.split("\t")
+        if len(fields) == 10 and fields[3] not in ("NOUN", "VERB"):
+            fields[3] = "_"
+        mixed.append("\t".join(fields))
+    path = tmp_path / "mixed.conllu"
+    path.write_text("\n".join(mixed) + "\n", encoding="utf-8")
+    data = read_conllu(path)
+    assert {label for _, labels in data for label in labels} == {"NOUN", "VERB", None}
+    model, tok = BertModel.from_pretrained(minilm_dir), BertTokenizer.from_pretrained(minilm_dir)
+    result = probe_model(model, tok, data[:40], progress=False)
+    assert result.labels == ["NOUN", "VERB"]
+    one_class = [(words, [label if label == "NOUN" else None for label in labels]) for words, labels in data]
+    with pytest.raises(InputError, match="at least 2 different labels"):
+        probe_model(model, tok, one_class, progress=False)
+
+
+def test_help_and_argument_errors_do_not_import_torch():
+    """`minibert --help` used to take 4-5 s importing torch first; now only argparse is imported."""
+    code = ("import sys\nfrom minibert.cli import main\n"
+            "for argv in (['--help'], ['encode', '--help'], ['encode'], ['nonsense']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch imported:', 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.stdout.strip().endswith("torch imported: False"), r.stdout + r.stderr
