@@ -173,3 +173,16 @@ def test_a_folder_named_minibert_in_the_working_directory_does_not_shadow_the_pa
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("__init__.py")
+
+
+def test_architecture_md_names_every_module_and_test_file():
+    """ARCHITECTURE.md stays the map: every module of the package (by its name in its folder) and every
+    test file appear in it."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    import re
+
+    missing = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.stem not in ("__init__", "__main__")
+               and not re.search(rf"(?<![\w.]){re.escape(p.stem)}\b", text)]
+    assert not missing, f"modules ARCHITECTURE.md does not name: {missing}"
+    tests = [p.name for p in (ROOT / "tests").glob("test_*.py") if f"tests/{p.name}" not in text]
+    assert not tests, f"test files ARCHITECTURE.md's table does not list: {tests}"
