@@ -86,34 +86,9 @@ class HookPoint(nn.Module):
         """Whether anything will see this point's activation: a registered function or a torch hook."""
         return bool(self.fns) and (self.torch_hooked or any(fn is not None for _, fn in self.fns))
 
-    def _torch_hook_added(self) -> None:
+    def _torch_hook_added(self) -> None:  # called by torch's register_*_hook methods (see _noting, below)
         if TORCH_HOOKS not in self.fns:
             self.fns.append(TORCH_HOOKS)
-
-    def register_forward_hook(self, *args, **kwargs):
-        handle = super().register_forward_hook(*args, **kwargs)
-        self._torch_hook_added()
-        return handle
-
-    def register_forward_pre_hook(self, *args, **kwargs):
-        handle = super().register_forward_pre_hook(*args, **kwargs)
-        self._torch_hook_added()
-        return handle
-
-    def register_full_backward_hook(self, *args, **kwargs):
-        handle = super().register_full_backward_hook(*args, **kwargs)
-        self._torch_hook_added()
-        return handle
-
-    def register_full_backward_pre_hook(self, *args, **kwargs):
-        handle = super().register_full_backward_pre_hook(*args, **kwargs)
-        self._torch_hook_added()
-        return handle
-
-    def register_backward_hook(self, *args, **kwargs):
-        handle = super().register_backward_hook(*args, **kwargs)
-        self._torch_hook_added()
-        return handle
 
     # ------------------------------------------------------------------------------ copies, pickles
     def __getstate__(self):  # registered functions belong to a `with` block, never to a copy or a pickle
@@ -127,3 +102,18 @@ class HookPoint(nn.Module):
         new = HookPoint()
         new.training = self.training
         return new
+
+
+def _noting(register):
+    """torch's ``register`` method, which also puts ``TORCH_HOOKS`` in the point's function list."""
+    def method(self, *args, **kwargs):
+        handle = register(self, *args, **kwargs)
+        self._torch_hook_added()
+        return handle
+    method.__name__, method.__doc__ = register.__name__, register.__doc__
+    return method
+
+
+for _name in ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+              "register_full_backward_pre_hook", "register_backward_hook"):
+    setattr(HookPoint, _name, _noting(getattr(nn.Module, _name)))

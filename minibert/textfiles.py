@@ -12,18 +12,23 @@ from typing import Sequence
 from .errors import InputError, MissingExtra
 
 
+def read_text(path, what: str = "text file") -> str:
+    """The whole of a UTF-8 file, line endings untranslated (a "\\r" stays). A missing file is a
+    FileNotFoundError; a directory or bytes that are not UTF-8 an InputError naming the file."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:  # newline="": no translation of \r
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text ({e}); a {what} must be UTF-8") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not a {what}") from None
+
+
 def read_lines(path) -> list[str]:
     """The lines of a UTF-8 text file, split on "\\n" only (a "\\r\\n" ending counts as one): U+2028, form
     feeds and other characters that str.splitlines() would break on stay inside their line, so line i of
     the file is row i of the output. A final newline does not start another line."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:  # newline="": no translation of \r
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 text: {e}") from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, not a text file") from None
-    lines = text.split("\n")
+    lines = read_text(path).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
@@ -69,12 +74,7 @@ def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str | 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 text ({e}); CoNLL-U files are UTF-8") from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, not a CoNLL-U file") from None
+    lines = read_text(path, "CoNLL-U file").split("\n")
 
     blocks, current = [], []  # (first line number, lines) per sentence
     for number, line in enumerate(lines, start=1):

@@ -84,8 +84,6 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
-    if (getattr(args, "batch_size", 1) or 1) < 1:
-        parser.error("--batch-size must be >= 1")
     try:
         with warnings.catch_warnings():  # restores showwarning afterwards (main may be called in-process)
             warnings.showwarning = _warning_line

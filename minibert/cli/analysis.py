@@ -10,8 +10,9 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..names import QUANTISED_DTYPES, SHORT_DTYPES
-from .common import (MODEL_HELP, PLOT_FORMATS, load, max_length_option, model_option, output_file, plot_file,
-                     plot_option, quiet_option, read_lines, report_truncation, seed_option, tokenize)
+from .common import (MODEL_HELP, PLOT_FORMATS, load, max_length_option, model_option, non_negative_float, output_file,
+                     plot_file, plot_option, positive_int, quiet_option, read_lines, report_truncation, seed_option,
+                     tokenize)
 
 
 # ------------------------------------------------------------------------------------------- layers
@@ -66,7 +67,7 @@ def add_probe(sub) -> None:
     p.add_argument("data", help="a .conllu file")
     p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
     p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=positive_int, default=16)
     p.set_defaults(func=cmd_probe)
 
 
@@ -172,7 +173,7 @@ def add_fill(sub) -> None:
                        parents=[model_option(), plot_option("the logit-lens plot (implies --lens)"),
                                 max_length_option()])
     p.add_argument("texts", nargs="+", help="texts with [MASK] in them")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=positive_int, default=5)
     p.add_argument("--lens", action="store_true", help="also print the per-layer logit lens for the first mask")
     p.set_defaults(func=cmd_fill)
 
@@ -180,8 +181,6 @@ def add_fill(sub) -> None:
 def cmd_fill(args) -> int:
     from ..analysis.lens import fill_mask, logit_lens
 
-    if args.top_k < 1:
-        raise InputError(f"--top-k must be >= 1, got {args.top_k}")
     plot = plot_file(args.plot)
     model, tokenizer = load(args.model, max_length=args.max_length)
     if args.top_k > model.config.vocab_size:
@@ -213,7 +212,7 @@ def add_parity(sub) -> None:
                         "layer, and the cosine of their sentence vectors (needs >= 0.99)")
     p.add_argument("--texts", help="a text file, one input per line (default: a built-in varied set)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
-    p.add_argument("--atol", type=float, help="tolerance (default 1e-5 fp32, 5e-3 fp16, 5e-2 bf16)")
+    p.add_argument("--atol", type=non_negative_float, help="tolerance (default 1e-5 fp32, 5e-3 fp16, 5e-2 bf16)")
     p.set_defaults(func=cmd_parity)
 
 
@@ -225,8 +224,6 @@ def cmd_parity(args) -> int:
         texts = [line for line in read_lines(args.texts) if line.strip()]
         if not texts:
             raise InputError(f"{args.texts} has no non-empty lines")
-    if args.atol is not None and not args.atol >= 0:
-        raise InputError(f"--atol must be >= 0, got {args.atol}")
     json_path = output_file(args.json, ".json", "--json") if args.json else None
     report = run_parity(args.model, against=args.against, dtype=args.dtype, texts=texts, atol=args.atol)
     print(report.table())
@@ -241,7 +238,7 @@ def add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="parameters per component, FLOPs per token, activation memory",
                        parents=[model_option(MODEL_HELP + "; official names (bert-base-uncased, ...) use built-in "
                                                           "geometry")])
-    p.add_argument("--batch", type=int, default=8, help="batch size for the memory estimate (default 8)")
+    p.add_argument("--batch", type=positive_int, default=8, help="batch size for the memory estimate (default 8)")
     p.add_argument("--lengths", default="128,512", help="sequence lengths, comma-separated (default 128,512)")
     p.set_defaults(func=cmd_inspect)
 
@@ -257,8 +254,8 @@ def cmd_inspect(args) -> int:
             lengths.append(int(part))
         except ValueError:
             raise InputError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
-    if any(T < 1 for T in lengths) or args.batch < 1:
-        raise InputError("--lengths and --batch must be positive")
+    if any(T < 1 for T in lengths):
+        raise InputError(f"--lengths must be positive, got {args.lengths!r}")
     if not Path(args.model).expanduser().exists() and preset_name(args.model):
         # official geometry: no download needed to count
         target, name = BertConfig.from_preset(args.model), f"{args.model} (built-in geometry, no weights loaded)"

@@ -1,7 +1,10 @@
 """What the commands share: the options written once (parent parsers), loading a model with its tokenizer,
 tokenising with a truncation report, reading text files, checking output paths before any work.
 
-Only argparse and the standard library are imported here: ``minibert --help`` never waits for torch.
+Simple ranges (a positive int, a positive number) are argparse types, so a bad value is refused with the
+usage line before any work; what depends on the model (a --max-length past its positions) is checked
+once the model is loaded. Only argparse and the standard library are imported here: ``minibert --help``
+never waits for torch.
 """
 
 from __future__ import annotations
@@ -24,6 +27,26 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value:g}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
     return value
 
 
@@ -85,8 +108,8 @@ def training_options(epochs: int, batch_size: int, lr_help: str, lr_default: flo
     """Epochs, learning rate, batch size, max length, seed: what every training command takes."""
     p = _parent()
     p.add_argument("--epochs", type=positive_int, default=epochs)
-    p.add_argument("--lr", type=float, default=lr_default, help=lr_help)
-    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--lr", type=positive_float, default=lr_default, help=lr_help)
+    p.add_argument("--batch-size", type=positive_int, default=batch_size)
     return [p, max_length_option(max_length), seed_option()]
 
 
@@ -94,12 +117,6 @@ def plot_option(what: str) -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--plot", help=f"write {what} to this file ({PLOT_FORMATS})")
     return p
-
-
-def check_lr(lr: float) -> float:
-    if not lr > 0:
-        raise InputError(f"--lr must be > 0, got {lr}")
-    return lr
 
 
 # ------------------------------------------------------------------------------- shared helpers

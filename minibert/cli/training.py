@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .common import check_lr, columns_option, model_option, positive_int, quiet_option, read_lines, training_options
+from .common import columns_option, model_option, positive_int, quiet_option, read_lines, training_options
 
 
 # ----------------------------------------------------------------------------------------- finetune
@@ -35,7 +35,6 @@ def cmd_finetune(args) -> int:
     from ..training.loop import FitConfig
     from ..training.pipelines.finetune import finetune
 
-    check_lr(args.lr)
     config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
     history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
                        pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
@@ -160,7 +159,7 @@ def cmd_distill(args) -> int:
             if getattr(args, dest):
                 raise InputError(message)
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
-    lr = check_lr(args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5))
+    lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -217,7 +216,7 @@ def cmd_exits(args) -> int:
     from ..training.pipelines.exits import train_exits
     from ..training.loop import FitConfig
 
-    lr = check_lr(args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3))
+    lr = args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3)
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet)
     table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
                         batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,

@@ -7,17 +7,11 @@ below ``analysis``, ``training`` and ``compat`` (which build these models)."""
 
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_exports
 
 _LAZY = {"BertModel": ".bert", "BertForSequenceClassification": ".heads", "BertForTokenClassification": ".heads",
          "BertForQuestionAnswering": ".heads", "ClassifierOutput": ".heads", "SpanOutput": ".heads",
          "TASK_CLASSES": ".heads"}
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'minibert.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY, globals())

@@ -132,14 +132,18 @@ class _TaskModel(nn.Module):
             self.train(training)
 
 
-class BertForSequenceClassification(_TaskModel):
-    """A label (or a score) per text or text pair, from the pooled [CLS] vector."""
-
-    needs_pooler = True
+class _Classifier(_TaskModel):
+    """A task model whose head is transformers' classifier: dropout, then a linear layer to num_labels."""
 
     def __init__(self, config: BertConfig, *, add_pooler: bool | None = None):
         super().__init__(config, add_pooler=add_pooler)
         self.dropout, self.classifier = classifier_layers(config)
+
+
+class BertForSequenceClassification(_Classifier):
+    """A label (or a score) per text or text pair, from the pooled [CLS] vector."""
+
+    needs_pooler = True
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_attentions=False) -> ClassifierOutput:
@@ -171,12 +175,8 @@ class BertForSequenceClassification(_TaskModel):
         return results
 
 
-class BertForTokenClassification(_TaskModel):
+class BertForTokenClassification(_Classifier):
     """A label per token (e.g. named-entity tags), from each token's last hidden state."""
-
-    def __init__(self, config: BertConfig, *, add_pooler: bool | None = None):
-        super().__init__(config, add_pooler=add_pooler)
-        self.dropout, self.classifier = classifier_layers(config)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_attentions=False) -> ClassifierOutput:

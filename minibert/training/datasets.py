@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..textfiles import read_text
 
 
 @dataclass
@@ -23,13 +24,10 @@ def read_table(path, *, text_column: str = "text", label_column: str = "label", 
                regression: bool = False) -> Table:
     """Rows of a .csv, .tsv or .jsonl file (chosen by the extension)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     suffix = path.suffix.lower()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 text: {e}") from None
+    text = read_text(path, "table")
     if suffix in (".csv", ".tsv"):
         reader = csv.DictReader(text.splitlines(), delimiter="," if suffix == ".csv" else "\t")
         rows = list(reader)
@@ -84,12 +82,9 @@ def read_tagged(path, *, column: str = "upos") -> tuple[list[list[str]], list[li
 
         data = read_conllu(path, column=column)
         return [w for w, _ in data], [[t if t is not None else "O" for t in tags] for _, tags in data]
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 text: {e}") from None
+    lines = read_text(path, "tagged text file").split("\n")
     sentences, tags, words, labels = [], [], [], []
     for number, line in enumerate(lines, start=1):
         line = line.rstrip("\r")

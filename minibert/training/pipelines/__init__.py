@@ -15,16 +15,10 @@ coming pretrain) is a module here built on ``skeleton``.
 
 from __future__ import annotations
 
-import importlib
+from ...lazy import lazy_exports
 
 _LAZY = {"finetune": ".finetune", "distill_corpus": ".distill", "distill_task": ".distill", "CorpusRun": ".distill",
          "train_exits": ".exits"}
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'minibert.training.pipelines' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY, globals())
