@@ -264,6 +264,39 @@ def test_lora_forward_equals_peft(tiny_dir):
         assert (ours(**batch).logits - theirs(**batch).logits).abs().max() <= 1e-5
 
 
+def test_lora_on_the_feed_forward_with_pefts_target_names_equals_peft(tiny_dir):
+    """The same target list as peft's (transformers' module names, the feed-forward included) adapts the same
+    layers; with the same A and B the logits agree, on the readable path and the fast path."""
+    peft = pytest.importorskip("peft")
+    from minibert.tools import fast
+    from minibert.training.lora import apply_lora, transformers_path
+
+    names = ["query", "intermediate.dense", "output.dense"]  # output.dense: W_O and the FFN output, as in peft
+    ours = apply_lora(BertForSequenceClassification.from_pretrained(tiny_dir), r=4, alpha=8, targets=names)
+    theirs = transformers.BertForSequenceClassification.from_pretrained(tiny_dir).eval()
+    theirs = peft.get_peft_model(theirs, peft.LoraConfig(r=4, lora_alpha=8, target_modules=names,
+                                                         lora_dropout=0.0)).eval()
+    adapted_theirs = {n.removeprefix("base_model.model.") for n, m in theirs.named_modules() if hasattr(m, "lora_A")}
+    mine = {n: m for n, m in ours.named_modules() if type(m).__name__ == "LoRALinear"}
+    assert {transformers_path(n) for n in mine} == adapted_theirs
+    torch.manual_seed(0)
+    for name, layer in mine.items():
+        with torch.no_grad():
+            layer.lora_B.normal_(0, 0.1)
+        peft_layer = theirs.base_model.model.get_submodule(transformers_path(name))
+        with torch.no_grad():
+            peft_layer.lora_A["default"].weight.copy_(layer.lora_A)
+            peft_layer.lora_B["default"].weight.copy_(layer.lora_B)
+    ours.eval()
+    batch = a_batch(tiny_dir)
+    batch.pop("labels")
+    with torch.no_grad():
+        want = theirs(**batch).logits
+        assert (ours(**batch).logits - want).abs().max() <= 1e-5
+        pooled = fast.prepare(ours.bert)(**batch).pooler_output
+        assert (ours.classifier(pooled) - want).abs().max() <= 1e-4
+
+
 def test_scalarmix_classifier_trains_only_the_mix_and_head(tiny_dir, tmp_path):
     from minibert.model import BertModel
     from minibert.training.recipes import ScalarMixClassifier

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 
 import torch
 from torch import nn
@@ -82,12 +83,38 @@ class LoRALinear(nn.Module):
 SHORT_TARGETS = ("query", "key", "value", "output", "dense_in", "dense_out")
 
 
+#: our module paths -> transformers', so that targets written for peft (``intermediate.dense``,
+#: ``attention.output.dense``, ``output.dense``) choose the same layers here
+_TRANSFORMERS_PATHS = [(re.compile(r"encoder\.blocks\.(\d+)\.attn\.(query|key|value)$"), r"encoder.layer.\1.attention.self.\2"),
+                       (re.compile(r"encoder\.blocks\.(\d+)\.attn\.output$"), r"encoder.layer.\1.attention.output.dense"),
+                       (re.compile(r"encoder\.blocks\.(\d+)\.ffn\.dense_in$"), r"encoder.layer.\1.intermediate.dense"),
+                       (re.compile(r"encoder\.blocks\.(\d+)\.ffn\.dense_out$"), r"encoder.layer.\1.output.dense"),
+                       (re.compile(r"mlm_head\.transform$"), "cls.predictions.transform.dense")]
+
+
+def transformers_path(name: str) -> str:
+    """The path transformers gives the module we call ``name`` (``bert.encoder.blocks.0.ffn.dense_in`` ->
+    ``bert.encoder.layer.0.intermediate.dense``); other names are the same in both."""
+    for pattern, replacement in _TRANSFORMERS_PATHS:
+        found = pattern.search(name)
+        if found:
+            return name[:found.start()] + found.expand(replacement)
+    return name
+
+
+def _matches(name: str, target: str) -> bool:
+    """peft's rule, on a module path: the whole path, its last parts (``*.`` + target), or a shell pattern."""
+    return fnmatch.fnmatchcase(name, target) or fnmatch.fnmatchcase(name, "*." + target)
+
+
 def lora_targets(model: nn.Module, targets) -> list[str]:
     """The names (as ``named_modules()`` gives them) of the nn.Linear layers of ``model`` that ``targets``
     choose. A target is a short name, matched as the last part of a block's linear layer (``query``,
     ``key``, ``value``, ``output`` in attention; ``dense_in``, ``dense_out`` in the feed-forward), or a
     dotted name or shell-style pattern matched against the full names or their last parts (``*.ffn.*``,
-    ``blocks.0.attn.query``, ``encoder.blocks.1[01].attn.*``). Each target must choose at least one layer."""
+    ``blocks.0.attn.query``, ``encoder.blocks.1[01].attn.*``) -- in minibert's names or in transformers'
+    (``intermediate.dense``, ``attention.output.dense``; ``output.dense`` is, as in peft, both W_O and
+    the feed-forward's output). Each target must choose at least one layer."""
     if isinstance(targets, str):
         targets = (targets,)
     targets = tuple(targets)
@@ -97,14 +124,12 @@ def lora_targets(model: nn.Module, targets) -> list[str]:
     in_blocks = [n for n in linears if ".blocks." in f".{n}"]
     chosen: list[str] = []
     for target in targets:
-        if any(c in target for c in "*?[") or "." in target:  # the full name, or its last parts
-            found = [n for n in linears if fnmatch.fnmatchcase(n, target) or fnmatch.fnmatchcase(n, "*." + target)]
-        else:
-            found = [n for n in in_blocks if n.rpartition(".")[2] == target]
+        found = [n for n in linears if _matches(n, target) or _matches(transformers_path(n), target)
+                 or (target in SHORT_TARGETS and n in in_blocks and n.rpartition(".")[2] == target)]
         if not found:
             raise InputError(f"LoRA targets: {target!r} matches no linear layer; short names: {SHORT_TARGETS}; "
                              f"full names look like {in_blocks[0] if in_blocks else next(iter(linears), '?')!r} "
-                             "(shell patterns allowed)")
+                             "or transformers' (intermediate.dense); shell patterns allowed")
         chosen += [n for n in found if n not in chosen]
     nested = [n for n in chosen if ".base" in f".{n}" or n.endswith(".base")]
     adapted = [n for n in chosen if isinstance(linears[n], LoRALinear)]
