@@ -277,9 +277,10 @@ def test_the_library_hands_out_the_public_model(minilm_dir, tmp_path):
     for model in (task.bert, sentence.model, student, surgery.truncate(task.bert, 2), surgery.keep_blocks(task, [0]).bert):
         assert isinstance(model, BertModel) and hasattr(model, "run_with_cache"), type(model)
     encoder = BertModel.from_pretrained(minilm_dir)
-    before = dataclasses.asdict(encoder.config)
+    before = fingerprint(encoder)
     mix = ScalarMixClassifier(encoder, ["x", "y", "z"])
-    assert dataclasses.asdict(encoder.config) == before and encoder.config.id2label is None
+    assert_unchanged(before, encoder)  # its config (no labels written in) and its trainable flags
+    assert encoder.config.id2label is None and not any(p.requires_grad for p in mix.bert.parameters())
     assert mix.config.num_labels == 3
     mix.save_pretrained(tmp_path)
     assert ScalarMixClassifier.from_pretrained(tmp_path).config.id2label == {0: "x", 1: "y", 2: "z"}

@@ -172,7 +172,9 @@ def load_transformers(source: str, dtype: torch.dtype):
 
 
 def make_batches(tokenizer, texts=None, pairs=None, batch_size: int = 8, max_length: int | None = None) -> list[dict]:
-    """Padded batches of the texts (and of the pairs): built-in ones when neither is given."""
+    """Padded batches of the texts (and of the pairs): built-in ones when neither is given. Kept in the
+    given order on purpose, not length-sorted as ``tools.batching`` would: a parity check wants short and
+    long inputs padded together, so that the mask's effect on every layer is compared too."""
     if texts is None and pairs is None:
         texts, pairs = DEFAULT_TEXTS, DEFAULT_PAIRS
     batches = []

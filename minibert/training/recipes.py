@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Callable
@@ -52,17 +53,19 @@ class ScalarMixClassifier(nn.Module):
         logits = W mean_t(gamma * sum_k softmax(w)_k h_k,t) + b
 
     Only the mix (L + 2 numbers) and W, b train; ``mix.weights`` then says which layers the task reads.
-    Saved as the encoder's checkpoint plus ``scalarmix_head.safetensors``."""
+    Saved as the encoder's checkpoint plus ``scalarmix_head.safetensors``. The encoder given is left as it
+    was: the classifier freezes a copy of it, or -- ``share_encoder=True``, when the caller hands it over
+    (the finetune pipeline, ``from_pretrained``) -- the encoder itself, with no copy."""
 
     HEAD_FILE = "scalarmix_head.safetensors"
 
-    def __init__(self, encoder, labels, *, problem_type=None, seed: int = 0):
+    def __init__(self, encoder, labels, *, problem_type=None, seed: int = 0, share_encoder: bool = False):
         super().__init__()
         names = [f"LABEL_{i}" for i in range(labels)] if isinstance(labels, int) else [str(n) for n in labels]
         if not names or len(set(names)) != len(names):
             raise InputError(f"labels must be distinct class names (or a positive int), got {labels!r}")
-        self.bert = encoder
-        for p in encoder.parameters():
+        self.bert = encoder if share_encoder else copy.deepcopy(encoder)
+        for p in self.bert.parameters():
             p.requires_grad_(False)
         # a config of its own: the encoder's stays as it was (no labels written into it)
         self.config = dataclasses.replace(encoder.config, id2label=dict(enumerate(names)), problem_type=problem_type)
@@ -97,7 +100,7 @@ class ScalarMixClassifier(nn.Module):
         encoder = BertModel.from_pretrained(directory)
         head = load_file(Path(directory) / cls.HEAD_FILE)
         model = cls(encoder, [encoder.config.id2label[i] for i in range(len(encoder.config.id2label))],
-                    problem_type=encoder.config.problem_type)
+                    problem_type=encoder.config.problem_type, share_encoder=True)
         with torch.no_grad():
             model.mix.scalar_parameters.copy_(head["mix.scalar_parameters"])
             model.mix.gamma.copy_(head["mix.gamma"])

@@ -70,7 +70,8 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     if task == "tag":
         model = BertForTokenClassification.from_encoder(model_source, labels=names, seed=config.seed)
     elif recipe == "scalarmix":
-        model = ScalarMixClassifier(load_model(BertModel, model_source, mlm_head=False), names, seed=config.seed)
+        model = ScalarMixClassifier(load_model(BertModel, model_source, mlm_head=False), names, seed=config.seed,
+                                    share_encoder=True)
     else:
         model = BertForSequenceClassification.from_encoder(model_source, labels=names, seed=config.seed)
     batches = data.batches(tokenizer, model.config.label2id, batch_size=batch_size, max_length=max_length,
