@@ -400,3 +400,27 @@ def test_keybert_takes_a_sentence_encoder_as_its_backend(minilm_dir):
     assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(got, want))
     with pytest.raises(InputError, match="keybert, bertopic"):
         SentenceEncoder.from_pretrained(minilm_dir).as_backend("flair")
+
+
+def test_bertopic_takes_a_sentence_encoder_as_its_backend(minilm_dir):
+    bertopic = pytest.importorskip("bertopic")
+    st = pytest.importorskip("sentence_transformers")
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+
+    docs = ([f"the river bank was muddy after the rain {i}" for i in range(10)]
+            + [f"the bank approved the loan for the house {i}" for i in range(10)])
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    calls = []
+    real_encode = encoder.encode
+    encoder.encode = lambda *a, **k: calls.append(len(a[0])) or real_encode(*a, **k)
+
+    def topic_model(embedding_model):  # small, seeded stand-ins for UMAP and HDBSCAN: 20 documents
+        return bertopic.BERTopic(embedding_model=embedding_model, umap_model=PCA(n_components=2, random_state=0),
+                                 hdbscan_model=KMeans(n_clusters=2, random_state=0, n_init=10))
+    ours = topic_model(encoder.as_backend("bertopic"))
+    theirs = topic_model(st.SentenceTransformer(str(minilm_dir), device="cpu"))
+    topics, _ = ours.fit_transform(docs)
+    assert calls and calls[0] == len(docs)  # our encoder embedded the documents (no model from the hub)
+    assert topics == theirs.fit_transform(docs)[0]
+    assert [w for w, _ in ours.get_topic(0)] == [w for w, _ in theirs.get_topic(0)]
