@@ -2,12 +2,15 @@
 """Speed where users feel it: one short input's latency, and int8 dynamic quantisation, against what a
 user would pick instead (transformers' BertModel, fp32, SDPA), in one process, alternating.
 
-Parts (``--parts``, all by default); numbers go to benchmarks/results/speed.json and a table to speed.md:
+Parts (``--parts``, all by default); numbers go to benchmarks/results/NAME.json and a table to NAME.md
+(``--name``, default ``speed``: one name per CPU measured, so one machine's figures never overwrite
+another's):
 
 * ``latency``: 1 x 8, 16, 32 tokens on BERT-base geometry (random weights saved by transformers) and
-  all-MiniLM-L6-v2: transformers fp32; minibert's fast path (default ``fp32_kernel="auto"``: oneDNN's
-  products in F.linear's summation order where the CPU has one); the fast path on plain F.linear
-  (``fp32_kernel="linear"``, the default before); in oneDNN's own order (``"onednn"``); minibert int8. Median of
+  all-MiniLM-L6-v2: transformers fp32; minibert's fast path (default ``fp32_kernel="auto"``: each product on
+  the route measured fastest on this CPU, ``tools/kernels.py``; the routes taken are printed and saved);
+  the fast path on plain F.linear (``fp32_kernel="linear"``); oneDNN in F.linear's summation order
+  (``"blocked"``); in oneDNN's own order (``"onednn"``); minibert int8. Median of
   ``--rounds`` alternating calls, as ratios to transformers. Then a profile of one 1 x 16 BERT-base call of
   the default fast path (torch.profiler, self CPU time grouped: embeddings, matrix products, attention,
   LayerNorm, GELU/other ops, and the rest of the wall time: Python overhead).
@@ -41,7 +44,7 @@ sys.path.insert(0, str(ROOT / "data"))
 
 from minibert import BertForSequenceClassification, BertModel  # noqa: E402
 from minibert.analysis.parity import run_parity  # noqa: E402
-from minibert.hardware import cpu_info  # noqa: E402
+from minibert.hardware import cpu_description, cpu_info  # noqa: E402
 from minibert.tools import fast  # noqa: E402
 
 from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
@@ -86,6 +89,7 @@ def implementations(directory: Path, with_prepacked: bool = True) -> dict:
     impls = {"transformers fp32": lambda b: hf(**b), "minibert fp32": lambda b, f=fast.prepare(fp32): f(**b)}
     if with_prepacked:
         impls["fp32 F.linear"] = lambda b, f=fast.prepare(fp32, fp32_kernel="linear"): f(**b)
+        impls["fp32 blocked"] = lambda b, f=fast.prepare(fp32, fp32_kernel="blocked"): f(**b)
         impls["fp32 oneDNN order"] = lambda b, f=fast.prepare(fp32, fp32_kernel="onednn"): f(**b)
     impls["minibert int8"] = lambda b, f=fast.prepare(int8): f(**b)
     return impls, fp32
@@ -93,8 +97,11 @@ def implementations(directory: Path, with_prepacked: bool = True) -> dict:
 
 def part_latency(args, work, results):
     out = []
+    results["routes"] = {}
     for name, directory in (("BERT-base", base_dir(work)), ("MiniLM", MINILM)):
-        impls, _ = implementations(directory)
+        impls, fp32 = implementations(directory)
+        results["routes"][name] = fast.routes(fp32)  # what the default ("auto") chose on this CPU
+        print(f"  {name}: the default fast path's fp32 routes: {results['routes'][name]}", flush=True)
         for T in (8, 16, 32):
             batch = batch_of(1, T)
             times = alternate({k: (lambda f=f: f(batch)) for k, f in impls.items()}, args.rounds)
@@ -241,9 +248,9 @@ def onnx_int8(directory: Path, work: Path):
 
 
 def markdown(results: dict) -> str:
-    name, flags = cpu_info()
+    _, flags = cpu_info()
     out = ["# Speed: one short input, and int8", "",
-           f"CPU: {name}; {torch.get_num_threads()} threads; torch {torch.__version__}; flags: "
+           f"CPU: {cpu_description()}; {torch.get_num_threads()} threads; torch {torch.__version__}; flags: "
            + ", ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "vnni")))) + "", "",
            "Ratios are times relative to transformers' BertModel (fp32, SDPA) on the same input, median of "
            "alternating calls in one process (lower is faster).", ""]
@@ -253,6 +260,10 @@ def markdown(results: dict) -> str:
                 "|---" * (3 + len(keys)) + "|"]
         out += [f"| {r['model']} | {r['shape']} | {r['transformers_ms']:.2f} | "
                 + " | ".join(f"{r[k]:.2f}" for k in keys) + " |" for r in results["latency"]]
+        chosen = results.get("routes", {})
+        out += ["", "Routes the default fast path (`fp32_kernel=\"auto\"`) measured fastest and took on this CPU "
+                "(`fast.routes`; qkv, attention output, ffn in, ffn out): "
+                + "; ".join(f"{m}: " + ", ".join(r.values()) for m, r in chosen.items()) + "."]
         blocks = results.get("summation_blocks", {})
         out += ["", "Inner blocks in which oneDNN reproduces F.linear's sums on this CPU (`fast.summation_block`, "
                 "weight (out x in): block; none = the default stays on F.linear): "
@@ -289,11 +300,12 @@ def main():
     parser.add_argument("--parts", default="latency,int8,trec")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--name", default="speed", help="results file name (one per CPU measured)")
     args = parser.parse_args()
     if args.quick:
         args.rounds = 3
     torch.manual_seed(0)
-    path = RESULTS / ("speed_quick.json" if args.quick else "speed.json")
+    path = RESULTS / (f"{args.name}_quick.json" if args.quick else f"{args.name}.json")
     results = json.loads(path.read_text()) if path.exists() else {}
     work = Path(tempfile.gettempdir()) / "minibert-bench-speed"
     work.mkdir(exist_ok=True)

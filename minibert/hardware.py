@@ -43,6 +43,27 @@ def cpu_info() -> tuple[str, frozenset]:
     return name or platform.processor() or platform.machine(), frozenset(flags)
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_description() -> str:
+    """The CPU as a results page names it: the model name with its family / model / stepping numbers
+    (two generations can share a name, e.g. "AMD EPYC" on cloud machines)."""
+    name, _ = cpu_info()
+    ids = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key in ("cpu family", "model", "stepping") and key not in ids:
+                    ids[key] = value.strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+    except OSError:
+        pass
+    numbers = ", ".join(f"{k} {v}" for k, v in ids.items())
+    return f"{name} ({numbers})" if numbers else name
+
+
 def native_half(dtype: torch.dtype) -> bool | None:
     """True if this CPU has matrix instructions for ``dtype`` (bf16 / fp16), False if it lacks them, None
     when that cannot be told (no /proc/cpuinfo, e.g. macOS or Windows)."""

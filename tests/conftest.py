@@ -25,6 +25,24 @@ from minibert.analysis.parity import DEFAULT_TEXTS  # noqa: E402
 SENTENCES = DEFAULT_TEXTS[:5]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """The fast path's measured kernel choices (minibert.tools.kernels) go to a folder of this run, not to
+    the user's ~/.cache (the CLI's child processes inherit it)."""
+    import os
+
+    from minibert.tools import kernels
+
+    folder = tmp_path_factory.mktemp("minibert-cache")
+    old = os.environ.get(kernels.CACHE_ENV)
+    os.environ[kernels.CACHE_ENV] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop(kernels.CACHE_ENV, None)
+    else:
+        os.environ[kernels.CACHE_ENV] = old
+
+
 def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
     """``python -m minibert ARGS`` in a fresh process, as a user runs it, from the repository root (text
     output captured, 10 minutes at most)."""

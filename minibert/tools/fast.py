@@ -8,16 +8,19 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
    its own tokens, which is what the padding mask achieves the slow way. On a batch that is 38 % real
    tokens this does 38 % of the dense work. A row's result cannot depend on its neighbours.
 2. **Fused projections.** Q, K and V come from one (3H x H) matrix product instead of three.
-3. **Faster matrix kernels, same sums.** fp32 products run in oneDNN's kernels (up to 2-3x MKL's speed
-   on few rows), cut along the inner dimension into the blocks in which MKL's ``F.linear`` sums on this
-   CPU and added up in MKL's order: the same numbers as ``F.linear``, bit for bit wherever MKL runs its
-   blocked kernel (from 12 rows on, on the CPUs measured). The block is found once per process, matrix
-   shape and thread count, by trying (``summation_block``); where none reproduces ``F.linear`` the
-   products stay ``F.linear``. Many rows are summed in tiles whose partial sums stay in cache.
-   ``fp32_kernel="onednn"`` (the deprecated ``prepack_fp32=True``) takes oneDNN's own order instead: faster still,
-   but about 2x further from the readable path; ``"linear"`` keeps ``F.linear`` and copies no weight
-   but the fused QKV. bf16/fp16 weights are prepacked once into oneDNN's blocked layout (AMX kernels)
-   and the GELU runs inside the first FFN product.
+3. **The fastest matrix kernels on this CPU.** Each fp32 product takes one of three routes
+   (``tools/kernels.py``): ``F.linear``; oneDNN's kernels summed in the blocks and order in which MKL's
+   ``F.linear`` sums on this CPU (``"blocked"``: the same numbers as ``F.linear``, bit for bit, at oneDNN's
+   speed on few rows); or oneDNN's own order on a prepacked weight (``"onednn"``: usually fastest, fp32
+   rounding apart from ``F.linear``). Which is fastest depends on the CPU, so the default
+   (``fp32_kernel="auto"``) measures the three for each weight shape the first time it meets it on this
+   CPU model and thread count (about 0.1 s a shape; kept in a cache file, ``kernels.route_for``) and takes
+   the fastest -- oneDNN's own order only when more than 5 % faster than the faster exact route.
+   ``fp32_kernel="linear" | "blocked" | "onednn"`` (or ``$MINIBERT_FP32_KERNEL``) fixes the route;
+   ``routes(model)`` says which ones a model runs. The fast path stays within 2x the fp32 noise floor of
+   the readable path on the exact routes and within 4x on oneDNN's own order (tested).
+   bf16/fp16 weights are prepacked once into oneDNN's blocked layout (AMX kernels), and the GELU runs
+   inside the first FFN product wherever a weight is prepacked.
 4. **inference_mode**, in-place residual adds and GELU, PyTorch's fused attention kernel, and the two
    big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``_Workspace``).
 
@@ -49,111 +52,48 @@ from ..hookpoints import GLOBAL_FORWARD_HOOKS, GLOBAL_FORWARD_PRE_HOOKS
 from ..inputs import check_blocks, check_inputs
 from ..model import BertModel, BertOutput
 from ..quantize import Int8Linear, PackedInt8, concat_rows
+from . import kernels
 from .hooks import has_hooks
 
-_MKLDNN = (hasattr(torch.ops, "mkldnn") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-           and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and torch.backends.mkldnn.is_available())
-
-if _MKLDNN:  # the overloads themselves: one attribute walk less per call (hundreds of calls per forward)
-    _ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default
-    _ONEDNN_LINEAR_ADD = torch.ops.mkldnn._linear_pointwise.binary
-
-FP32_KERNELS = ("auto", "linear", "onednn")  # see the module docstring, point 3
-_BLOCK_SIZES = (512, 384, 256, 192, 128, 96, 64)  # the inner blocks tried after the whole width
-_TILE = 256  # rows: more than twice this many are summed in tiles of at least this many
-
-
-def _pack(weight: torch.Tensor):
-    """``weight`` (out, in) reordered into oneDNN's blocked layout (a copy), or None where it cannot be."""
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
-    except RuntimeError:  # this CPU or build cannot
-        return None
-
-
-def _pack_blocks(weight: torch.Tensor, k: int) -> list | None:
-    """The (out, k) column blocks of ``weight`` (the last one narrower when k does not divide ``in``),
-    each prepacked for oneDNN."""
-    blocks = [_pack(weight[:, i:i + k]) for i in range(0, weight.shape[1], k)]
-    return None if any(b is None for b in blocks) else blocks
-
-
-def _blocked_linear(x: torch.Tensor, blocks: list, bias: torch.Tensor, k: int,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + b summed block by block, in order: ((b + x_0 W_0^T) + x_1 W_1^T) + ... -- the order in
-    which a blocked GEMM such as MKL's accumulates C over the inner dimension. x: (N, in). Many rows go
-    in tiles of at least ``_TILE`` rows (each tile's partial sums stay in cache), written into ``out``."""
-    n = x.shape[0] // _TILE
-    if n >= 2:
-        out = x.new_empty(x.shape[0], bias.shape[0]) if out is None else out
-        for rows, dst in zip(x.tensor_split(n), out.tensor_split(n)):
-            dst.copy_(_blocked_linear(rows, blocks, bias, k))
-        return out
-    if len(blocks) == 1:
-        return _ONEDNN_LINEAR(x, blocks[0], bias, "none", [], "")
-    if len(blocks) * k == x.shape[1]:  # (C, N, k): one copy, not one per block
-        parts = x.view(x.shape[0], len(blocks), k).transpose(0, 1).contiguous().unbind(0)
-    else:  # a narrower last block
-        parts = [part.contiguous() for part in x.split(k, 1)]
-    y = _ONEDNN_LINEAR(parts[0], blocks[0], bias, "none", [], "")  # (N, out)
-    for i in range(1, len(blocks)):
-        y = _ONEDNN_LINEAR_ADD(parts[i], y, blocks[i], None, "add")  # y + x_i W_i^T
-    return y
-
-
-_BLOCKS: dict[tuple, int | None] = {}
-
-
-def summation_block(out_features: int, in_features: int) -> int | None:
-    """The inner block k for which oneDNN's fp32 products, summed block by block (``_blocked_linear``),
-    equal ``F.linear``'s bit for bit on this CPU and thread count, or None. Found by trying the whole
-    width, then each narrower ``_BLOCK_SIZES`` (the last block takes the rest), on random (16, 64 and
-    300, in) inputs -- few rows, and one tile's worth, as ``_blocked_linear`` cuts many -- and an (out, in)
-    weight; remembered per process."""
-    key = (out_features, in_features, torch.get_num_threads())
-    if key not in _BLOCKS:
-        _BLOCKS[key] = None
-        if _MKLDNN:
-            g = torch.Generator().manual_seed(0)
-            w = torch.randn(out_features, in_features, generator=g)
-            b = torch.randn(out_features, generator=g)
-            xs = [torch.randn(m, in_features, generator=g) for m in (16, 64, 300)]  # 300: a tile
-            with torch.inference_mode():
-                wanted = [F.linear(x, w, b) for x in xs]
-                for k in (in_features,) + tuple(c for c in _BLOCK_SIZES if c < in_features):
-                    blocks = _pack_blocks(w, k)
-                    if blocks is not None and all(torch.equal(_blocked_linear(x, blocks, b, k), y)
-                                                  for x, y in zip(xs, wanted)):
-                        _BLOCKS[key] = k
-                        break
-    return _BLOCKS[key]
+FP32_KERNELS = ("auto",) + kernels.ROUTES  # see the module docstring, point 3, and tools/kernels.py
+_MKLDNN = kernels.MKLDNN
+summation_block = kernels.summation_block  # public here too: README and the benchmarks name it so
 
 
 class _Linear:
-    """y = x W^T + b (optionally followed by GELU): ``F.linear``, oneDNN's kernels in F.linear's summation
-    order (fp32 ``"auto"``), or a oneDNN-prepacked weight (half precision; fp32 ``"onednn"``)."""
+    """y = x W^T + b (optionally followed by GELU) by one of ``tools.kernels``' fp32 routes (``route``:
+    ``fp32_kernel``, or for ``"auto"`` the one measured fastest for this weight's shape on this CPU), or on
+    a oneDNN-prepacked weight (half precision)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, gelu: str | None = None,
                  fp32_kernel: str = "auto"):
         self.weight, self.bias, self.gelu = weight.detach(), bias.detach(), gelu
         self.packed = self.blocks = None
-        if not _MKLDNN or weight.device.type != "cpu":
+        self.route = "linear"
+        if not _MKLDNN or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16,
+                                                                             torch.float16):
             return
-        if weight.dtype in (torch.bfloat16, torch.float16) or (weight.dtype == torch.float32 and fp32_kernel == "onednn"):
-            self.packed = _pack(weight)
-        elif weight.dtype == torch.float32 and fp32_kernel == "auto":
+        if weight.dtype != torch.float32:
+            self.packed = kernels.pack(weight)
+            self.route = "onednn" if self.packed is not None else "linear"
+            return
+        route = kernels.route_for(*weight.shape) if fp32_kernel == "auto" else fp32_kernel
+        if route == "onednn":
+            self.packed = kernels.pack(weight)
+        elif route == "blocked":
             self.k = summation_block(*weight.shape)
             if self.k is not None:
-                self.blocks = _pack_blocks(weight, self.k)
+                self.blocks = kernels.pack_blocks(weight, self.k)
+        self.route = "onednn" if self.packed is not None else "blocked" if self.blocks is not None else "linear"
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x: (N, in). ``out``: an (N, out) buffer to write into (F.linear only), see ``_Workspace``."""
         if self.packed is not None:
             if self.gelu is None:
-                return _ONEDNN_LINEAR(x, self.packed, self.bias, "none", [], "")
-            return _ONEDNN_LINEAR(x, self.packed, self.bias, "gelu", [], self.gelu)
+                return kernels.ONEDNN_LINEAR(x, self.packed, self.bias, "none", [], "")
+            return kernels.ONEDNN_LINEAR(x, self.packed, self.bias, "gelu", [], self.gelu)
         if self.blocks is not None:
-            y = _blocked_linear(x, self.blocks, self.bias, self.k, out)
+            y = kernels.blocked_linear(x, self.blocks, self.bias, self.k, out)
         elif out is None:
             y = F.linear(x, self.weight, self.bias)
         else:
@@ -301,6 +241,28 @@ def _packed(model: BertModel, fp32_kernel: str) -> _Packed:
     return packed
 
 
+#: how far the fast path may be from the readable path, in fp32 noise floors (``minibert.testing.
+#: fp32_noise_floor``), by route: the exact routes 2x (they sum every product as F.linear does; packing and
+#: fused attention move the rest), oneDNN's own order 4x (measured up to ~2.2x)
+NOISE_FACTOR = {"linear": 2, "blocked": 2, "onednn": 4}
+
+
+def noise_factor(model: BertModel, fp32_kernel: str = "auto") -> int:
+    """The bound (``NOISE_FACTOR``) of the routes ``model``'s fp32 fast path takes with ``fp32_kernel``."""
+    return max(NOISE_FACTOR[route] for route in routes(model, fp32_kernel).values())
+
+
+def routes(model: BertModel, fp32_kernel: str = "auto") -> dict[str, str]:
+    """The route each of a block's products takes on the fast path with ``fp32_kernel`` (``"linear"``,
+    ``"blocked"``, ``"onednn"``; int8 models: ``"int8"``), as ``minibert inspect`` and the benchmarks
+    report them. Builds the fast path's copies if they are not there yet."""
+    if fp32_kernel not in FP32_KERNELS:
+        raise InputError(f"fp32_kernel={fp32_kernel!r}: use one of {FP32_KERNELS}")
+    block = _packed(model, fp32_kernel).blocks[0]
+    linears = {"qkv": block.qkv, "attention output": block.out, "ffn in": block.ffn_in, "ffn out": block.ffn_out}
+    return {name: "int8" if isinstance(linear, _Int8Linear) else linear.route for name, linear in linears.items()}
+
+
 def release(model: BertModel) -> None:
     """Free the fused/packed weight copies kept for ``model`` (they are rebuilt on the next fast call)."""
     _CACHE.pop(model, None)
@@ -308,8 +270,8 @@ def release(model: BertModel) -> None:
 
 def cached_bytes(model: BertModel) -> int:
     """Memory held by the fast path's weight copies for ``model`` (0 when none): the fused QKV matrices,
-    and the oneDNN copies of every block weight (fp32 ``"auto"`` where a summation block was found,
-    ``"onednn"``, half precision)."""
+    and the oneDNN copies of every block weight on the blocked and oneDNN routes (``routes``) and in half
+    precision."""
     return sum(packed.nbytes() for packed in _CACHE.get(model, {}).values())
 
 
@@ -358,9 +320,10 @@ class FastBert:
 def prepare(model: BertModel, *, fp32_kernel: str = "auto", prepack_fp32: bool = False) -> FastBert:
     """The fast path for ``model``: ``fast = prepare(model); out = fast(**batch)``. Cheap to call again:
     the weight copies are made on first use and shared by every FastBert of the same model and options.
-    ``fp32_kernel``: ``"auto"`` (oneDNN in F.linear's summation order where this CPU has one, else
-    F.linear), ``"linear"`` (F.linear, no weight copies but the fused QKV) or ``"onednn"`` (oneDNN's own
-    order, fastest; the deprecated ``prepack_fp32=True`` says the same) -- see the module docstring."""
+    ``fp32_kernel``: ``"auto"`` (each product on the route measured fastest on this CPU, see
+    ``tools/kernels.py``), ``"linear"`` (F.linear, no weight copies but the fused QKV), ``"blocked"``
+    (oneDNN in F.linear's summation order where this CPU has one, else F.linear) or ``"onednn"``
+    (oneDNN's own order; the deprecated ``prepack_fp32=True`` says the same) -- see the module docstring."""
     return FastBert(model, fp32_kernel=fp32_kernel, prepack_fp32=prepack_fp32)
 
 
