@@ -31,3 +31,16 @@ def check_fraction(name: str, value, *, closed: bool = False, what: str = "") ->
         raise InputError(f"{name} must be in [0, {bound}, got {value!r}" + ("" if number else " (not a number)")
                          + (f" ({what})" if what else ""))
     return float(value)
+
+
+def check_max_length(name: str, value, limit: int) -> int:
+    """A truncation length: an int in [3, limit] -- room for [CLS], [SEP] and one token, and no more than the
+    model's positions (``limit``: min of max_position_embeddings and the tokenizer's model_max_length). One
+    rule for every command and pipeline that truncates."""
+    return check_index(name, value, 3, limit, f"at least one token besides [CLS] and [SEP]; the model's limit is {limit}")
+
+
+def model_limit(config, tokenizer=None) -> int:
+    """The longest input a model takes: its positions, or the tokenizer's model_max_length when smaller."""
+    limit = config.max_position_embeddings
+    return min(limit, tokenizer.model_max_length) if tokenizer is not None else limit

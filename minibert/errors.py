@@ -23,3 +23,33 @@ class CheckpointError(InputError):
 
 class MissingExtra(ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra: from the checkout, as README does (``minibert`` on PyPI is another project)."""
+    return f'pip install -e ".[{extra}]" in the minibert checkout'
+
+
+def missing_extra(what: str, package: str, extra: str | None) -> MissingExtra:
+    """The error for a missing optional package: what needs it, which package, how to install it."""
+    how = install_hint(extra) if extra else f"pip install {package}"
+    return MissingExtra(f"{what} need{'s' if not what.endswith('s') else ''} {package}: {how}")
+
+
+def require_extra(module: str, what: str, package: str | None = None, extra: str | None = None) -> None:
+    """Check that an optional module can be imported, before any work (without importing it: cheap)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise missing_extra(what, package or module, extra)
+
+
+def not_found(path, what: str = "file") -> FileNotFoundError:
+    """The one form of "not found": what was looked for and where (the absolute path), in one line."""
+    import os
+
+    return FileNotFoundError(f"{what} {str(path)!r} not found (looked for {os.path.abspath(os.path.expanduser(path))})")

@@ -114,18 +114,23 @@ def resolve_source(source, *, revision=None, files=MODEL_FILES) -> Path:
             raise InputError(f"revision={revision!r} only applies to hub repo ids, not the local path {path}")
         return path
     repo_id = hub_repo_id(str(source))
+    local = os.path.abspath(path)
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id) or repo_id.startswith((".", "/")):
-        raise FileNotFoundError(f"{source!r} is neither an existing path nor a hub repo id")
-    from huggingface_hub import snapshot_download  # imported here: only hub loading needs it
+        raise FileNotFoundError(f"model {str(source)!r} not found: no file or folder {local} (and it cannot be a "
+                                "hub repo id)")
+    from huggingface_hub import constants, snapshot_download  # imported here: only hub loading needs it
 
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=list(files)))
     except Exception as e:  # network down, offline cache miss, unknown repo or revision, ...
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        reason = (str(e).strip().splitlines() or [""])[0]
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
         raise FileNotFoundError(
-            f"could not get {repo_id!r} (revision {revision or 'main'}) from the hugging face hub"
-            + (" with HF_HUB_OFFLINE=1 (only the local cache is looked at)" if offline else "")
-            + f": {type(e).__name__}: {e}") from None
+            f"model {str(source)!r} not found: no file or folder {local}, and hub repo {repo_id!r} (revision "
+            f"{revision or 'main'}) is not in the cache {constants.HF_HUB_CACHE}"
+            + (" (HF_HUB_OFFLINE=1: the hub itself is not asked)" if offline else
+               f" and could not be fetched ({type(e).__name__}: {reason})")) from None
 
 
 def find_checkpoint(path: Path) -> tuple[Path, list[Path]]:

@@ -1,6 +1,6 @@
 """The files the library reads and writes: plain text one item per line (``read_lines``), CoNLL-U
 (``read_conllu``: words and one label column per sentence), and the check of a file about to be written
-(``output_file``). Each names the file (and the line) when it is not what it must be (``InputError``)."""
+(``output_file``, ``output_dir``). Each names the file (and the line) when it is not what it must be (``InputError``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from .errors import InputError, MissingExtra
+from .errors import InputError, missing_extra, not_found
 
 
 def read_text(path, what: str = "text file") -> str:
@@ -39,6 +39,8 @@ def output_file(path, suffix: str, what: str, formats: Sequence[str] | None = No
     and it is not a directory. ``suffix`` is added to a name without it, as the writer would add it, so the
     path returned (and printed) is the real one. With ``formats`` (the suffixes the writer takes, e.g. a
     plot's), ``suffix`` is added only to a name with no suffix, and another suffix is an InputError."""
+    if str(path).endswith(("/", os.sep)) or Path(path).expanduser().is_dir():
+        raise InputError(f"{what} {str(path)!r} is a directory; give a file name (e.g. {str(Path(path) / ('out' + suffix))!r})")
     out = Path(path).expanduser()
     if formats is None:
         if out.suffix != suffix:
@@ -58,6 +60,26 @@ def output_file(path, suffix: str, what: str, formats: Sequence[str] | None = No
     return out
 
 
+def output_dir(path, what: str = "--out") -> Path:
+    """Check a folder to be written, before any work -- the rule of every command that writes a folder: it
+    exists (a folder, writable), or it will be created as the last level only, so its parent must exist
+    (a typo such as ``/nope/run`` is refused, never created)."""
+    out = Path(path).expanduser()
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(f"{what} {str(out)!r} is a file; give a folder")
+        if not os.access(out, os.W_OK):
+            raise InputError(f"{what} {str(out)!r}: the folder is not writable")
+        return out
+    parent = out.parent
+    if not parent.is_dir():
+        raise InputError(f"{what} {str(out)!r}: its parent folder {str(parent)!r} does not exist; only the last level "
+                         "of an output folder is created (create the parent first)")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"{what} {str(out)!r}: the folder {str(parent)!r} is not writable")
+    return out
+
+
 _CONLLU_ID = re.compile(r"[1-9][0-9]*(-[1-9][0-9]*|\.[1-9][0-9]*)?")  # 3, 3-4 (multi-word) or 3.1 (empty node)
 
 
@@ -70,10 +92,10 @@ def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str | 
     try:
         import conllu
     except ImportError:
-        raise MissingExtra("reading CoNLL-U needs the conllu package: pip install 'minibert[conllu]'") from None
+        raise missing_extra("reading CoNLL-U", "conllu", "conllu") from None
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise not_found(path, "CoNLL-U file")
     lines = read_text(path, "CoNLL-U file").split("\n")
 
     blocks, current = [], []  # (first line number, lines) per sentence

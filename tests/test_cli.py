@@ -73,7 +73,7 @@ def test_truncation_is_said_and_max_length_sets_it(minilm_dir, tmp_path):
     r = run_cli("encode", "one two three four five six", "short", "--model", str(minilm_dir), "--max-length", "5")
     assert "1 of 2 texts had more than 5 tokens" in r.stderr and "texts 1)" in r.stderr
     r = run_cli("encode", "x", "--model", str(minilm_dir), "--max-length", "513")
-    assert r.returncode == 2 and "--max-length 513 is out of range: it must be in [2, 512]" in r.stderr
+    assert r.returncode == 2 and "--max-length=513 is out of range: it must be an int in [3, 512]" in r.stderr
     r = run_cli("layers", long_text, "--model", str(minilm_dir))
     assert r.returncode == 0 and "1 of 1 texts had more than 512 tokens" in r.stderr
     lines = tmp_path / "texts.txt"
@@ -194,3 +194,111 @@ def test_help_and_argument_errors_do_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.stdout.strip().endswith("torch imported: False"), r.stdout + r.stderr
+
+
+# ------------------------------------------------------ what a new user found (silent results, outputs, messages)
+def _argparse_error(capsys, *args) -> str:
+    """Run the CLI in-process on arguments argparse refuses: exit 2; returns the error's text after the
+    command's name (the usage lines differ from command to command, the message must not)."""
+    from minibert.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    return last.split(": error: ", 1)[1]
+
+
+def test_shared_options_accept_and_refuse_the_same_values(tmp_path, capsys):
+    """--batch-size and --max-length are one option each, with one rule, in every command that has them
+    (search had no --batch-size; --max-length was checked three ways)."""
+    texts, data = tmp_path / "t.txt", tmp_path / "d.csv"
+    texts.write_text("hello\n", encoding="utf-8")
+    data.write_text("text,label\nhi,a\n", encoding="utf-8")
+    commands = {"embed": ["embed", texts, "--out", tmp_path / "v.npy"], "search": ["search", texts, "hello"],
+                "probe": ["probe", POS_SAMPLE], "predict": ["predict", tmp_path, texts],
+                "finetune": ["finetune", "--train", data, "--eval", data, "--out", tmp_path / "o"],
+                "distill": ["distill", "--teacher", tmp_path, "--train", data, "--eval", data, "--out", tmp_path / "o"],
+                "exits": ["exits", "--model", tmp_path, "--train", data, "--eval", data, "--out", tmp_path / "o"]}
+    for value in ("0", "-3", "x"):
+        refusals = {name: _argparse_error(capsys, *argv, "--batch-size", value) for name, argv in commands.items()}
+        assert len(set(refusals.values())) == 1 and "--batch-size" in refusals["search"], refusals
+    from minibert.checks import check_max_length
+
+    for value in (2, 513, 5000):
+        with pytest.raises(InputError, match=rf"--max-length={value} is out of range: it must be an int in \[3, 512\]"):
+            check_max_length("--max-length", value, 512)
+    assert check_max_length("--max-length", 3, 512) == 3
+
+
+def test_missing_model_and_files_are_one_line_saying_where(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    line = cli_error(capsys, "encode", "hello", "--model", "nomodel")
+    assert f"model 'nomodel' not found: no file or folder {tmp_path / 'nomodel'}" in line
+    assert "(HF_HUB_OFFLINE=1: the hub itself is not asked)" in line
+    line = cli_error(capsys, "embed", "nofile.txt", "--out", "v.npy", "--model", "nomodel")
+    assert line == f"minibert: error: 'nofile.txt' not found (looked for {tmp_path / 'nofile.txt'})"
+    line = cli_error(capsys, "probe", "nofile.conllu", "--model", "nomodel")
+    assert line == f"minibert: error: CoNLL-U file 'nofile.conllu' not found (looked for {tmp_path / 'nofile.conllu'})"
+    line = cli_error(capsys, "predict", "nodir", "nofile.txt")
+    assert line == f"minibert: error: checkpoint folder 'nodir' not found (looked for {tmp_path / 'nodir'})"
+
+
+def test_a_missing_extra_is_said_before_any_work_with_the_checkout_install(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def without(package):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name.split(".")[0] == package else real(name, *a))
+    without("matplotlib")
+    # the model does not exist: had the work started, the error would be about the model
+    line = cli_error(capsys, "layers", "some text", "--plot", tmp_path / "x.png", "--model", tmp_path / "nope")
+    assert line == 'minibert: error: plots need matplotlib: pip install -e ".[plots]" in the minibert checkout'
+    without("sklearn")
+    line = cli_error(capsys, "map", POS_SAMPLE, "--method", "tsne", "--out", tmp_path / "m.png",
+                     "--model", tmp_path / "nope")
+    assert 'scikit-learn: pip install -e ".[maps]"' in line
+    from minibert.errors import missing_extra
+
+    assert "minibert[" not in str(missing_extra("the Ray engine", "Ray Data", "ray"))  # minibert on PyPI is another project
+
+
+def test_output_folders_follow_one_rule_checked_before_any_work(tmp_path, capsys):
+    """finetune, distill, exits and embed --engine ray write folders: an existing folder, or a new last
+    level under an existing parent -- never a whole tree (a typo such as /nope/run), and that is checked
+    before the model is loaded (the model here does not exist)."""
+    data, texts = tmp_path / "d.csv", tmp_path / "t.txt"
+    data.write_text("text,label\nhi,a\nho,b\n", encoding="utf-8")
+    texts.write_text("hello\n", encoding="utf-8")
+    nope, a_file = tmp_path / "nope" / "run", tmp_path / "file"
+    a_file.write_text("x", encoding="utf-8")
+    model = tmp_path / "nomodel"
+    commands = [["finetune", "--train", data, "--eval", data, "--model", model],
+                ["distill", "--teacher", model, "--texts", texts],
+                ["distill", "--teacher", model, "--train", data, "--eval", data],
+                ["exits", "--model", model, "--train", data, "--eval", data]]
+    for argv in commands:
+        line = cli_error(capsys, *argv, "--out", nope)
+        assert f"its parent folder '{nope.parent}' does not exist; only the last level" in line, (argv, line)
+        line = cli_error(capsys, *argv, "--out", a_file)
+        assert f"--out '{a_file}' is a file; give a folder" in line, (argv, line)
+    assert not nope.parent.exists()
+    from minibert.compat.ray import embed_dataset
+
+    with pytest.raises(InputError, match="its parent folder .* does not exist"):
+        embed_dataset([str(texts)], str(nope), model=str(model))
+    assert not nope.parent.exists()
+
+
+def test_embed_out_naming_a_folder_is_refused(tmp_path, capsys):
+    texts = tmp_path / "t.txt"
+    texts.write_text("hello\n", encoding="utf-8")
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    for out in (f"{folder}/", str(folder)):
+        line = cli_error(capsys, "embed", texts, "--out", out, "--model", tmp_path / "nope")
+        assert "is a directory; give a file name" in line
+    assert not (tmp_path / "vectors.npy").exists() and not any(folder.iterdir())

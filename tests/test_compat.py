@@ -312,3 +312,45 @@ def test_probing_features_with_a_token_budget_equal_fixed_batches(minilm_dir):
     fixed, index = extract_word_features(model, tok, sentences, batch_size=4, progress=False)
     budget, index2 = extract_word_features(model, tok, sentences, batch_size=None, max_tokens=40, progress=False)
     assert index == index2 and torch.allclose(fixed, budget, atol=1e-5)
+
+
+def test_search_index_is_rebuilt_when_what_it_was_made_from_changes(minilm_dir, tmp_path, capsys):
+    """A saved index used to be reused whenever the corpus had as many lines: after line 1 changed, "dogs"
+    was ranked against the old line's vector. It now records the corpus' sha256, the model's weights and
+    the settings, and is rebuilt (and says why) when one differs."""
+    from minibert.cli import main
+    from minibert.cli.encoding import _index_differences, index_record
+
+    corpus, index = tmp_path / "corpus.txt", tmp_path / "idx.npy"
+    lines = ["the cat sat on the mat", "the bank raised its rates", "ducks swim on the lake"]
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def search(*extra):
+        assert main(["search", str(corpus), "dogs", "--model", str(minilm_dir), "--index", str(index), "--json",
+                     "--quiet", "--batch-size", "2", *extra]) == 0
+        out = capsys.readouterr()
+        return json.loads(out.out)["results"][0]["hits"], out.err
+    _, err = search()
+    assert "saved the index" in err and (tmp_path / "idx.json").exists()
+    _, err = search()
+    assert "using the saved index" in err
+    lines[0] = "dogs run in parks"  # same number of lines
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    hits, err = search()
+    assert "rebuilding the index" in err and "the corpus changed" in err
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    fresh, query = encoder.encode(lines), encoder.encode(["dogs"])
+    assert hits[0]["line"] == 1 and abs(hits[0]["score"] - float(fresh[0] @ query[0])) < 1e-5
+    _, err = search("--max-length", "8")
+    assert "rebuilding" in err and "max_seq_length was 256, now 8" in err
+    (tmp_path / "idx.json").unlink()
+    _, err = search("--max-length", "8")
+    assert "idx.json (what the index was made from) is missing" in err
+    # another model's weights (one value changed) are another index
+    record = index_record(corpus, 3, encoder)
+    with torch.no_grad():
+        encoder.model.encoder.blocks[0].ffn.dense_in.weight[0, 0] += 1e-3
+    changed = index_record(corpus, 3, encoder)
+    (tmp_path / "saved.json").write_text(json.dumps({**record, "dims": 384}), encoding="utf-8")
+    assert _index_differences(tmp_path / "saved.json", changed, (3, 384)) == ["the model's weights differ"]
+    assert _index_differences(tmp_path / "saved.json", record, (3, 384)) == []

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import hf_config, random_hf_model
+from conftest import cli_error, hf_config, random_hf_model
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer, InputError
 from minibert.training import depth, distill
 from minibert.training.pipelines import distill as distill_pipeline
@@ -329,11 +329,11 @@ def test_distill_corpus_augments_after_holding_out(tiny_encoder_dir, tmp_path, m
     monkeypatch.setattr(distill_pipeline, "distill_embeddings", record)
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(60)]
     distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", student_blocks=[0, 2], augment=50)
-    held = set(seen["held"])
-    assert len(held) == 3 and len(seen["train"]) == 57 + 50
-    plain = seen["train"][:57]
+    held = set(seen["held"])  # 5 % of 60, raised to 21: the top-10 overlap needs 20 others per text
+    assert len(held) == 21 and len(seen["train"]) == 39 + 50
+    plain = seen["train"][:39]
     assert set(plain) == set(texts) - held
-    made_words = {w for t in seen["train"][57:] for w in t.split()}
+    made_words = {w for t in seen["train"][39:] for w in t.split()}
     assert not made_words & {t.split()[1] for t in held}  # nothing made from a held-out sentence
     with pytest.raises(InputError, match="augment"):
         distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", augment=-3)
@@ -380,9 +380,9 @@ def hf_like(**overrides):
     return BertConfig(**values)
 
 
-def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
+def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"sentence number {i} is about the {w}" for i in range(40)
+    corpus.write_text("\n".join(f"sentence number {i} is about the {w}" for i in range(60)
                                 for w in ("bank",)) + "\n")
     run = [sys.executable, "-m", "minibert"]
     out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--texts", str(corpus), "--out",
@@ -390,8 +390,8 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
                                 "--augment", "20", "--cache-teacher", "--bf16", "--freeze-embeddings"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "agreement with the teacher on 3 held-out texts" in out.stdout and "blocks [1, 3] of" in out.stdout
-    assert "holding out 5 %" in out.stderr
+    assert "agreement with the teacher on 21 held-out texts" in out.stdout and "blocks [1, 3] of" in out.stdout
+    assert "trained on 59 texts" in out.stdout  # the 39 not held out + 20 made from them
     student, teacher = BertModel.from_pretrained(tmp_path / "emb"), BertModel.from_pretrained(tiny_encoder_dir)
     assert student.config.num_hidden_layers == 2
     assert torch.equal(student.embeddings.word.weight, teacher.embeddings.word.weight)  # frozen: the teacher's
@@ -417,10 +417,8 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
                            "--freeze-embeddings is for"),
                           (["--texts", str(corpus), "--cache-teacher", "--hidden-weight", "1"],
                            "cache_teacher keeps only")):
-        out = subprocess.run(run + ["distill", "--teacher", str(tiny_encoder_dir), "--out", str(tmp_path / "e")] + argv,
-                             capture_output=True, text=True)
-        assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
-        assert "Traceback" not in out.stderr
+        line = cli_error(capsys, "distill", "--teacher", tiny_encoder_dir, "--out", tmp_path / "e", "--quiet", *argv)
+        assert message in line, (argv, line)
 
 
 # ------------------------------------------------------------------------------------------ LayerDrop
@@ -576,3 +574,91 @@ def test_exits_cli_prints_the_curve(tiny_teacher_dir, tmp_path):
     full = next(r for r in saved["curve"] if r["rule"] == "full model")
     last = next(r for r in saved["curve"] if r["rule"] == "entropy" and r["value"] == 0)
     assert last["accuracy"] == full["accuracy"] and last["blocks"] == 4.0
+
+
+# ------------------------------------------------------------------------- what a new user found
+def test_distill_says_the_true_counts_and_refuses_too_few_texts_for_its_metric(tiny_encoder_dir, tmp_path):
+    """5 texts used to give "holding out 5 %" while 3 were held out, and a top-10 overlap on 3 texts. The
+    held-out share is at least 2k + 1 texts (each text's k nearest among 2k others), at least as many are
+    left to train on, and the log says the true counts."""
+    texts = [f"sentence {i} tells of the river bank and the boat" for i in range(5)]
+    with pytest.raises(InputError, match=r"5 texts are too few to hold 21 out .* give --eval-texts"):
+        distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s")
+    with pytest.raises(InputError, match=r"3 non-empty held-out text\(s\); the top-10 overlap needs at least 21"):
+        distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", eval_texts=texts[:3])
+    with pytest.raises(InputError, match=r"eval_texts: 3 text\(s\); the agreement's top-10 overlap needs at least 21"):
+        distill.distill_embeddings(None, None, None, texts, eval_texts=texts[:3])
+    assert not (tmp_path / "s").exists()
+    texts = [f"sentence {i} tells of the river bank and the boat" for i in range(100)]
+    lines = []
+    run = distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", student_blocks=[0, 3], k=3,
+                                          config=FitConfig(epochs=1, lr=1e-3, progress=False), log=lines.append)
+    assert run.held_out == 7 and run.trained_on == 93  # 5 % of 100 is 5, raised to 2k + 1 = 7
+    assert "agreement measured on 7 held-out texts, held out of the 100 given (7.0%" in lines[0]
+    assert run.history.epochs[0]["eval"]["k"] == 3
+
+
+def test_a_student_keeps_its_sentence_transformers_teachers_settings(tiny_encoder_dir, tmp_path):
+    """A student distilled from a sentence-transformers folder was written without modules.json, so `embed`
+    pooled it differently from its teacher. It now keeps the teacher's pooling, normalisation and length,
+    matches vectors pooled that way, and says so."""
+    from minibert.compat import SentenceEncoder
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_encoder_dir, teacher)
+    (teacher / "1_Pooling").mkdir()
+    (teacher / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (teacher / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    (teacher / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24, "do_lower_case": False}))
+    texts = [f"sentence {i} tells of the river bank and the boat" for i in range(60)]
+    lines = []
+    run = distill_pipeline.distill_corpus(teacher, texts, tmp_path / "student", student_blocks=[0, 3], k=3,
+                                          config=FitConfig(epochs=1, lr=1e-3, progress=False), log=lines.append)
+    assert (run.pooling, run.normalize, run.sentence_folder) == ("cls", True, True)
+    assert any("keeps" in line and "pooling cls, normalized, max_seq_length 24" in line for line in lines)
+    student, original = SentenceEncoder.from_pretrained(tmp_path / "student"), SentenceEncoder.from_pretrained(teacher)
+    assert student.settings()["pooling"] == ["cls"] and student.normalize and student.max_seq_length == 24
+    assert student.model.config.num_hidden_layers == 2 and original.model.config.num_hidden_layers == 4
+    vectors = student.encode(texts[:4])
+    assert abs(float((vectors ** 2).sum(1).max()) - 1.0) < 1e-5  # unit vectors, as the teacher's
+    # a plain checkpoint as the teacher: mean pooling, not normalised, and no folder settings written
+    run = distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "plain", student_blocks=[0, 3], k=3,
+                                          config=FitConfig(epochs=1, lr=1e-3, progress=False))
+    assert (run.pooling, run.normalize, run.sentence_folder) == ("mean", False, False)
+    assert not (tmp_path / "plain" / "modules.json").exists()
+
+
+def test_exit_speeds_are_warmed_up_alternating_medians_with_their_spread(tiny_teacher_dir, monkeypatch):
+    """`minibert exits` timed each rule once, the full model first and cold (one run read 10x, the next
+    0.12x, for rules that run every block). Every rule is now called once to warm up, then once per round
+    with the order rotated each round, and the speed-up is the median of paired ratios with quartiles."""
+    from minibert.tools import timing
+
+    tok = BertTokenizer.from_pretrained(tiny_teacher_dir)
+    model = BertForSequenceClassification.from_pretrained(tiny_teacher_dir)
+    ee = depth.EarlyExit(model)
+    texts, labels = toy(16, seed=3)
+    calls = []
+    real = timing.alternate
+
+    def recorded(fns, rounds, **kw):  # the exit rules' timing (not the fast path's kernel calibration)
+        if ("full model", None) in fns:
+            fns = {name: (lambda name=name, f=f: (calls.append(name), f())) for name, f in fns.items()}
+        return real(fns, rounds, **kw)
+    monkeypatch.setattr(timing, "alternate", recorded)
+    rows = depth.exit_curve(ee, tok, texts, labels, entropies=[0.0], patiences=[4], rounds=3)
+    rules = [("full model", None), ("entropy", 0.0), ("patience", 4)]
+    assert [r["rule"] for r in rows] == [r for r, _ in rules]
+    assert all(calls.count(rule) == 1 + 3 for rule in rules)  # a warm-up call, then one per round
+    firsts = [calls[i] for i in range(3, len(calls), 3)]
+    assert firsts == [rules[0], rules[1], rules[2]]  # each round starts with another rule
+    for row in rows:
+        low, high = row["speedup_spread"]
+        assert low <= row["speedup"] <= high
+    assert "speed-up vs full model (quartiles)" in depth.curve_table(rows)
+    with pytest.raises(InputError, match="rounds must be a positive integer"):
+        depth.exit_curve(ee, tok, texts, labels, rounds=0)

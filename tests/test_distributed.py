@@ -99,3 +99,21 @@ def test_parquet_shards_with_their_own_ids(local_ray, minilm_dir, tmp_path):
     assert [ids[i] for i in order] == ["d1", "d2", "d4"]
     want = SentenceEncoder.from_pretrained(minilm_dir).encode([texts[0], texts[1], texts[3]])
     assert np.abs(vectors[order] - want).max() <= 1e-6
+
+
+def test_row_ids_are_unique_across_folders(tmp_path):
+    """Rows were named by file name and line: a/part.txt and b/part.txt both gave part.txt:1. Ids are now
+    paths relative to the folder the shards share (a lone shard: its file name), and the same ids come out
+    whether the paths are given as they are or through local://."""
+    from minibert.compat.ray import shard_names
+
+    for folder in ("a", "b", "b/deeper"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "part.txt").write_text("one\ntwo\n")
+    files = [str(tmp_path / f / "part.txt") for f in ("a", "b", "b/deeper")]
+    names = shard_names(files)
+    assert [names[f] for f in files] == ["a/part.txt", "b/part.txt", "b/deeper/part.txt"]
+    ids = [row["id"] for f in files for row in shard_rows(f, (tmp_path / "a" / "part.txt").read_bytes(), name=names[f])]
+    assert len(ids) == len(set(ids)) == 6 and ids[:2] == ["a/part.txt:1", "a/part.txt:2"]
+    assert shard_names([files[1]]) == {files[1]: "part.txt"}
+    assert shard_names(["local://" + f for f in files]) == names  # keyed by the absolute local path

@@ -218,3 +218,82 @@ def test_minilm_learns_trec_from_a_slice(real_data, minilm_dir, tmp_path, capsys
     batch = dict(BertTokenizer.from_pretrained(tmp_path / "trec")(held.texts[:8], padding=True, return_tensors="pt"))
     with torch.no_grad():
         assert (ours(**batch).logits - theirs(**batch).logits).abs().max() <= 1e-5
+
+
+# ------------------------------------------------------------------------- what a new user found
+def test_tag_scheme_and_entities_follow_seqeval():
+    """Tags are read by their scheme: BIO (IOB2, and IOB1 read alike), IOBES, or plain tags (parts of
+    speech), which have no entities. Entities are chunked as seqeval's default mode chunks them, on
+    random sequences of every scheme."""
+    import random
+
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    assert metrics.tag_scheme(["B-PER", "I-PER", "O"]) == "BIO"
+    assert metrics.tag_scheme(["I-PER", "O", "I-LOC"]) == "BIO"  # IOB1
+    assert metrics.tag_scheme(["S-PER", "B-LOC", "E-LOC", "O"]) == "IOBES"
+    assert metrics.tag_scheme(["NOUN", "VERB", "DET", None]) == "plain"
+    assert metrics.tag_scheme(["O", "NOUN"]) == "plain"
+    rng = random.Random(0)
+    for prefixes in ("BIO", "IO", "BIOES"):
+        for _ in range(300):
+            tags = [rng.choice([f"{p}-{t}" for p in prefixes if p != "O" for t in ("PER", "LOC")] + ["O"])
+                    for _ in range(rng.randint(1, 9))]
+            assert metrics.entities(tags) == {(t, a, b) for t, a, b in get_entities(tags)}, tags
+    gold = [["NOUN", "VERB", None], ["DET", "NOUN"]]
+    pred = [["NOUN", "NOUN", "DET"], ["DET", "NOUN"]]
+    scores = metrics.tag_scores(pred, gold, "plain")  # the untagged word is left out
+    assert scores["accuracy"] == pytest.approx(3 / 4) and set(scores) == {"accuracy", "macro_f1"}
+
+
+def test_finetune_on_parts_of_speech_keeps_the_epoch_with_the_best_accuracy(encoder_dir, tmp_path, capsys):
+    """A CoNLL-U UPOS file used to be scored by entity F1 -- always 0.0 for tags that are not BIO -- so the
+    first epoch was always the one kept. Plain tags are scored by word accuracy (and macro-F1), named in
+    the output, and the best epoch is the one with the best accuracy."""
+    pytest.importorskip("conllu")
+    from conftest import POS_SAMPLE
+
+    assert main(["finetune", "--task", "tag", "--train", str(POS_SAMPLE), "--eval", str(POS_SAMPLE), "--model",
+                 str(encoder_dir), "--out", str(tmp_path / "pos"), "--epochs", "3", "--lr", "1e-2", "--batch-size",
+                 "32", "--max-length", "64", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy" in printed and "entity_f1" not in printed
+    saved = json.loads((tmp_path / "pos" / "metrics.json").read_text())
+    accuracies = [epoch["eval"]["accuracy"] for epoch in saved["epochs"]]
+    assert saved["metric"] == "accuracy" and max(accuracies) > 0.2
+    assert saved["best_epoch"] == accuracies.index(max(accuracies)) + 1 and saved["best_metric"] == max(accuracies)
+
+
+def test_predict_keeps_one_line_per_input_line(encoder_dir, tmp_path, capsys):
+    train = write_csv(tmp_path / "train.csv", toy_rows(16, 0))
+    assert main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(encoder_dir), "--out",
+                 str(tmp_path / "c"), "--epochs", "1", "--max-length", "16", "--quiet"]) == 0
+    capsys.readouterr()
+    (tmp_path / "new.txt").write_text("the day was great\n\n   \nthe day was awful\n", encoding="utf-8")
+    assert main(["predict", str(tmp_path / "c"), str(tmp_path / "new.txt")]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 5 and lines[1] == lines[2] == "" and lines[4] == ""  # 4 lines + the final newline
+    assert lines[0].endswith("\tthe day was great") and lines[3].endswith("\tthe day was awful")
+
+
+def test_max_length_is_checked_and_truncation_said_in_finetune_and_predict(encoder_dir, tmp_path, capsys):
+    """--max-length 5000 was accepted by finetune (the model has 512 positions) and truncation was silent in
+    finetune and predict."""
+    rows = toy_rows(16, 0)
+    rows[3]["text"] = "the day was good and " + "very " * 40 + "hot"
+    train = write_csv(tmp_path / "train.csv", rows)
+    base = ["finetune", "--train", str(train), "--eval", str(train), "--model", str(encoder_dir), "--out",
+            str(tmp_path / "c"), "--epochs", "1", "--quiet"]
+    from conftest import cli_error
+
+    line = cli_error(capsys, *base, "--max-length", "5000")
+    assert "max-length" in line and "5000 is out of range: it must be an int in [3, 512]" in line
+    assert not (tmp_path / "c").exists()
+    assert main(base + ["--max-length", "16"]) == 0
+    err = capsys.readouterr().err
+    assert "1 of 16 training rows (up to 32 tokens cut) and 1 of 16 held-out rows" in err and "longer than 16" in err
+    (tmp_path / "new.txt").write_text("the day was great\n" + "very " * 40 + "\n", encoding="utf-8")
+    line = cli_error(capsys, "predict", tmp_path / "c", tmp_path / "new.txt", "--max-length", "600")
+    assert "--max-length=600 is out of range: it must be an int in [3, 512]" in line
+    assert main(["predict", str(tmp_path / "c"), str(tmp_path / "new.txt"), "--max-length", "10"]) == 0
+    assert "1 of 2 lines had more than 10 tokens" in capsys.readouterr().err

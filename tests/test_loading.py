@@ -96,7 +96,7 @@ def test_revision_with_local_path_is_refused(tiny_dir):
 
 
 def test_nonexistent_path_is_reported(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither an existing path nor a hub repo id"):
+    with pytest.raises(FileNotFoundError, match="not found: no file or folder .*cannot be a hub repo id"):
         BertModel.from_pretrained(str(tmp_path / "no" / "such" / "dir"))
 
 

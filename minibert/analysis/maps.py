@@ -9,7 +9,7 @@ What is a point, and what colours it:
 
 Each returns ``Points``: vectors (L + 1, n, H) of every hidden state and n labels. ``project`` maps one
 layer's vectors to 2-D: PCA (always: centred SVD, signs fixed so the result is deterministic), t-SNE
-(scikit-learn: ``pip install 'minibert[maps]'``) or UMAP (when ``umap-learn`` is installed), each with
+(scikit-learn: ``pip install -e ".[maps]"``) or UMAP (when ``umap-learn`` is installed), each with
 an explicit seed. ``stack_map`` projects every chosen layer of the same points and scores how well the
 labels separate at each layer in the full space (leave-one-out 5-nearest-neighbour accuracy, cosine) --
 the number a reader compares across panels; ``plot_stack_map`` draws it with one legend for all panels.
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError, MissingExtra
+from ..errors import InputError, missing_extra
 from ..tools.pooling import pool
 from .layers import parse_layers
 from ..tools.batching import text_batches
@@ -144,7 +144,7 @@ def project(vectors, method: str = "pca", *, seed: int = 0, perplexity: float | 
         try:
             from sklearn.manifold import TSNE
         except ImportError:
-            raise MissingExtra("t-SNE maps need scikit-learn: pip install 'minibert[maps]'") from None
+            raise missing_extra("t-SNE maps", "scikit-learn", "maps") from None
         perplexity = perplexity or min(30.0, (n - 1) / 3)
         if not 0 < perplexity < n:
             raise InputError(f"perplexity {perplexity} must be in (0, {n}) for {n} points")
@@ -152,7 +152,7 @@ def project(vectors, method: str = "pca", *, seed: int = 0, perplexity: float | 
     try:
         import umap
     except ImportError:
-        raise MissingExtra("UMAP maps need umap-learn: pip install umap-learn") from None
+        raise missing_extra("UMAP maps", "umap-learn", None) from None
     neighbours = max(2, min(15, n - 1))
     return np.asarray(umap.UMAP(n_components=2, n_neighbors=neighbours, metric="cosine",
                                 random_state=seed).fit_transform(x.numpy()))

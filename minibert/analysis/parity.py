@@ -154,8 +154,8 @@ def load_transformers(source: str, dtype: torch.dtype):
     try:
         import transformers
     except ImportError:
-        raise MissingExtra("comparing against transformers needs it installed: pip install 'minibert[parity]' "
-                          "(or pip install transformers); --against compares two checkpoints without it") from None
+        raise MissingExtra("comparing against transformers needs it installed: pip install -e \".[parity]\" in the "
+                          "minibert checkout (or pip install transformers); --against compares two checkpoints without it") from None
     from ..loading import resolve_source
 
     path = resolve_source(source)

@@ -1,4 +1,4 @@
-"""Plots for layer analysis (needs matplotlib: ``pip install 'minibert[plots]'``).
+"""Plots for layer analysis (needs matplotlib: ``pip install -e ".[plots]"``).
 
 Each function writes one figure to ``path``: PNG at 150 dpi, or SVG / PDF when the file name ends so.
 ``output_path`` checks a path before any work is done; no function creates directories."""
@@ -9,14 +9,14 @@ import math
 from pathlib import Path
 
 from ..textfiles import output_file
-from ..errors import InputError, MissingExtra
+from ..errors import InputError, missing_extra, require_extra
 
 
 def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise MissingExtra("plots need matplotlib: pip install 'minibert[plots]'") from None
+        raise missing_extra("plots", "matplotlib", "plots") from None
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
@@ -32,6 +32,7 @@ def output_path(path) -> Path:
     """Where a plot will really be written: ``path`` with ``.png`` added when it has no suffix. An
     unsupported suffix, a missing directory or a directory in place of the file is an InputError, raised
     before any work (call it first) and again when saving; directories are never created."""
+    require_extra("matplotlib", "plots", extra="plots")
     return output_file(path, ".png", "plot file", formats=FORMATS)
 
 

@@ -97,6 +97,10 @@ def main(argv=None) -> int:
         return 128 + 13  # killed by SIGPIPE, as a shell reports it
     except KeyboardInterrupt:
         return 130
+    except FileNotFoundError as e:  # one form: what was not found, and where it was looked for
+        if e.filename is not None:
+            e = f"{e.filename!r} not found (looked for {os.path.abspath(os.fsdecode(e.filename))})"
+        parser.exit(2, f"minibert: error: {e}\n")
     except USER_ERRORS as e:
         parser.exit(2, f"minibert: error: {e}\n")
     except OSError as e:  # the disk is full, a device failed, ...: about the machine, not minibert

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, require_extra
 from ..names import QUANTISED_DTYPES, SHORT_DTYPES
-from .common import (MODEL_HELP, PLOT_FORMATS, load, max_length_option, model_option, non_negative_float, output_file,
+from .common import (MODEL_HELP, batch_size_option, PLOT_FORMATS, load, max_length_option, model_option, non_negative_float, output_file,
                      plot_file, plot_option, positive_int, quiet_option, read_lines, report_truncation, seed_option,
                      tokenize)
 
@@ -63,11 +63,10 @@ def cmd_layers(args) -> int:
 def add_probe(sub) -> None:
     p = sub.add_parser("probe", help="train a linear probe per layer on word labels from a CoNLL-U file",
                        parents=[model_option(), plot_option("the accuracy-per-layer curve"), seed_option(),
-                                quiet_option()])
+                                quiet_option(), batch_size_option(16)])
     p.add_argument("data", help="a .conllu file")
     p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
     p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
-    p.add_argument("--batch-size", type=positive_int, default=16)
     p.set_defaults(func=cmd_probe)
 
 
@@ -117,6 +116,10 @@ def cmd_map(args) -> int:
     json_path = output_file(args.json, ".json", "--json") if args.json else None
     if args.method not in maps.METHODS:
         raise InputError(f"--method {args.method!r}: use one of {maps.METHODS}")
+    if args.method == "tsne":  # extras are checked before any work
+        require_extra("sklearn", "t-SNE maps", "scikit-learn", "maps")
+    elif args.method == "umap":
+        require_extra("umap", "UMAP maps", "umap-learn")
     if args.max_points is not None and args.max_points < 3:
         raise InputError(f"--max-points must be >= 3, got {args.max_points}")
     suffix = Path(args.data).suffix.lower()
@@ -268,7 +271,27 @@ def cmd_inspect(args) -> int:
     if too_long:
         raise InputError(f"--lengths {too_long} exceed max_position_embeddings={limit}")
     print(format_report(target, name, lengths=lengths, batch=args.batch))
+    print(fast_path_routes(target if isinstance(target, BertConfig) else target.config))
     return 0
+
+
+def fast_path_routes(config) -> str:
+    """The fp32 route each product of a block takes on the fast path on this CPU (``tools.kernels``),
+    measured on first use and cached, as lines for ``minibert inspect``."""
+    import torch
+
+    from ..hardware import cpu_info
+    from ..tools import kernels
+
+    H, F = config.hidden_size, config.intermediate_size
+    shapes = {"qkv": (3 * H, H), "attention output": (H, H), "ffn in": (F, H), "ffn out": (H, F)}
+    chosen = kernels.routes_for_shapes(H, F)
+    how = (f"${kernels.OVERRIDE_ENV}" if kernels.forced_route() else
+           f"measured here, kept in {kernels.cache_file()}")
+    lines = [f"fast path fp32 routes on this CPU ({cpu_info()[0] or 'unknown'}, {torch.get_num_threads()} threads; "
+             f"{how}):"]
+    lines += [f"  {name:<17} {o} x {i}: {chosen[name]}" for name, (o, i) in shapes.items()]
+    return "\n".join(lines)
 
 
 COMMANDS = [add_layers, add_probe, add_inspect, add_parity, add_fill, add_map]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..checks import check_max_length, model_limit
 from ..errors import InputError
-from ..textfiles import output_file, read_lines  # noqa: F401  (the commands' file checks and reader)
+from ..textfiles import output_dir, output_file, read_lines  # noqa: F401  (the commands' file checks and reader)
 
 DEFAULT_MODEL = "bert-base-uncased"
 MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
@@ -76,6 +77,14 @@ def max_length_option(default: int | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def batch_size_option(default: int | None = None, help: str | None = None) -> argparse.ArgumentParser:
+    """``--batch-size``: texts (rows) per batch, a positive int in every command."""
+    p = _parent()
+    p.add_argument("--batch-size", type=positive_int, default=default,
+                   help=help or f"texts per batch (default {default if default is not None else 32})")
+    return p
+
+
 def quiet_option(what: str = "no progress bar") -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--quiet", action="store_true", help=what)
@@ -106,8 +115,7 @@ def training_options(epochs: int, batch_size: int, lr_help: str, lr_default: flo
     p = _parent()
     p.add_argument("--epochs", type=positive_int, default=epochs)
     p.add_argument("--lr", type=positive_float, default=lr_default, help=lr_help)
-    p.add_argument("--batch-size", type=positive_int, default=batch_size)
-    return [p, max_length_option(max_length), seed_option()]
+    return [p, batch_size_option(batch_size), max_length_option(max_length), seed_option()]
 
 
 def plot_option(what: str) -> argparse.ArgumentParser:
@@ -123,10 +131,8 @@ def load(model_source: str, dtype=None, max_length=None):
     from ..tokenizer import BertTokenizer
 
     model, tokenizer = BertModel.from_pretrained(model_source, dtype=dtype), BertTokenizer.from_pretrained(model_source)
-    limit = min(model.config.max_position_embeddings, tokenizer.model_max_length)
-    if max_length is not None and not 2 <= max_length <= limit:
-        raise InputError(f"--max-length {max_length} is out of range: it must be in [2, {limit}] ([CLS] and [SEP] "
-                         f"take 2 tokens; the model's limit is {limit})")
+    if max_length is not None:
+        check_max_length("--max-length", max_length, model_limit(model.config, tokenizer))
     return model, tokenizer
 
 

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (MODEL_HELP, blank_line_error, load, max_length_option, model_option, output_file,
-                     positive_int, quiet_option, read_lines, report_truncation, tokenize)
+from ..checks import check_max_length, model_limit
+from .common import (MODEL_HELP, batch_size_option, blank_line_error, load, max_length_option, model_option,
+                     output_file, positive_int, quiet_option, read_lines, report_truncation, tokenize)
 
 
 # ------------------------------------------------------------------------------------------- encode
@@ -67,7 +68,9 @@ def cmd_encode(args) -> int:
 def add_embed(sub) -> None:
     p = sub.add_parser("embed", help="embed a file of texts (one per line) into a .npy matrix (or, with --engine "
                                      "ray, shards into Parquet)", parents=[model_option(), max_length_option(),
-                                                                           quiet_option()])
+                                                                           quiet_option(), batch_size_option(
+                                                                               help="texts per batch (default 32 "
+                                                                               "without --max-tokens)")])
     p.add_argument("texts", nargs="+", help="a UTF-8 text file, one text per line, lines end at \\n only "
                                             "(row i of the output = line i); with --engine ray: shards (.txt, .jsonl, "
                                             ".parquet), directories or globs")
@@ -85,7 +88,6 @@ def add_embed(sub) -> None:
     p.add_argument("--ignore-folder-settings", action="store_true",
                    help="a sentence-transformers folder (modules.json) is followed by default (its truncation, "
                         "pooling, normalisation); this pools hidden states with the options above instead")
-    p.add_argument("--batch-size", type=positive_int, help="texts per batch (default 32 without --max-tokens)")
     p.add_argument("--max-tokens", type=positive_int,
                    help="token budget per batch (rows x longest row, e.g. 8192) instead of a fixed count; with "
                         "--batch-size given too, both limits hold")
@@ -101,7 +103,6 @@ def cmd_embed(args) -> int:
 
     from ..analysis.layers import parse_layers
     from ..compat import sentence
-    from ..inputs import check_index
     from ..tools.encode import encode_ids
 
     if args.engine == "ray":
@@ -125,8 +126,8 @@ def cmd_embed(args) -> int:
     if follow:  # a sentence-transformers folder: its truncation, pooling and normalisation
         encoder = sentence.SentenceEncoder.from_pretrained(args.model)
         if args.max_length is not None:
-            encoder.max_seq_length = check_index("--max-length", args.max_length, 3,
-                                                 encoder.model.config.max_position_embeddings, "the model's positions")
+            encoder.max_seq_length = check_max_length("--max-length", args.max_length,
+                                                      model_limit(encoder.model.config, encoder.tokenizer))
         model, tokenizer, limit = encoder.model, encoder.tokenizer, encoder.max_seq_length
         settings = encoder.settings()
         described = (f"sentence-transformers settings from modules.json: max_seq_length {limit}"
@@ -197,13 +198,51 @@ def _embed_on_ray(args) -> int:
 def add_search(sub) -> None:
     p = sub.add_parser("search", help="the lines of a corpus most similar to a query (cosine of sentence vectors)",
                        parents=[model_option(MODEL_HELP + " (a sentence-transformers folder's settings are followed)"),
-                                quiet_option()])
+                                max_length_option(), batch_size_option(), quiet_option()])
     p.add_argument("corpus", help="a UTF-8 text file, one text per line (blank lines are never hits)")
     p.add_argument("queries", nargs="+", help="one or more query texts")
     p.add_argument("-k", type=positive_int, default=5, help="hits per query (default 5)")
-    p.add_argument("--index", help="a .npy file for the corpus vectors: written on the first run, reused after")
+    p.add_argument("--index", help="a .npy file for the corpus vectors, with a .json beside it recording what they "
+                                   "were made from (the corpus' sha256, the model's weights, pooling, max length, "
+                                   "normalisation): written on the first run, reused while all of these match, "
+                                   "rebuilt (and said so) when one differs")
     p.add_argument("--json", action="store_true", help="print the hits as JSON")
     p.set_defaults(func=cmd_search)
+
+
+#: bumped when what an index records changes; an index of another version is rebuilt
+INDEX_FORMAT = 1
+
+
+def index_record(corpus, lines: int, encoder) -> dict:
+    """What a search index is made from: any difference means its vectors are not this corpus' under this
+    model and settings."""
+    from ..tools.fingerprint import file_sha256, weights_fingerprint
+
+    settings = encoder.settings()
+    return {"format": INDEX_FORMAT, "corpus_sha256": file_sha256(corpus), "lines": lines,
+            "model": settings["source"], "weights_sha256": weights_fingerprint(encoder.model),
+            "dtype": str(next(encoder.model.parameters()).dtype).replace("torch.", ""),
+            "pooling": settings["pooling"], "max_seq_length": settings["max_seq_length"],
+            "normalize": settings["normalize"], "do_lower_case": settings["do_lower_case"]}
+
+
+def _index_differences(meta_file: Path, wanted: dict, matrix_shape) -> list[str]:
+    """Why a saved index cannot be reused (empty: it can)."""
+    from ..config import read_json_object
+
+    if not meta_file.exists():
+        return [f"{meta_file.name} (what the index was made from) is missing"]
+    try:
+        saved = read_json_object(meta_file)
+    except InputError as e:
+        return [str(e)]
+    named = {"corpus_sha256": "the corpus changed", "weights_sha256": "the model's weights differ"}
+    out = [named.get(key, f"{key} was {saved.get(key)!r}, now {value!r}") for key, value in wanted.items()
+           if saved.get(key) != value]
+    if not out and tuple(matrix_shape) != (wanted["lines"], saved.get("dims", -1)):
+        out.append(f"the matrix is {tuple(matrix_shape)}")
+    return out
 
 
 def cmd_search(args) -> int:
@@ -215,25 +254,36 @@ def cmd_search(args) -> int:
     keep = [i for i, t in enumerate(lines) if t.strip()]
     if not keep:
         raise InputError(f"{args.corpus} has no non-blank line to search")
-    index = Path(args.index).expanduser() if args.index else None
-    if index is not None and index.suffix != ".npy":
-        index = index.with_name(index.name + ".npy")  # as np.save names it
-    if index is not None and not index.exists():
-        index = output_file(str(index), ".npy", "--index")  # checked before any work
+    index = meta_file = None
+    if args.index:
+        index = output_file(args.index, ".npy", "--index")  # checked before any work
+        meta_file = index.with_name(index.name[:-len(".npy")] + ".json")
     encoder = SentenceEncoder.from_pretrained(args.model)
+    if args.max_length is not None:
+        encoder.max_seq_length = check_max_length("--max-length", args.max_length,
+                                                  model_limit(encoder.model.config, encoder.tokenizer))
+    record = index_record(args.corpus, len(lines), encoder)
+    dims = encoder.get_sentence_embedding_dimension()
     matrix = None
     if index is not None and index.exists():
         matrix = np.load(index)
-        if matrix.shape != (len(lines), encoder.get_sentence_embedding_dimension()):
-            raise InputError(f"--index {index} holds a {matrix.shape} matrix; {args.corpus} with {args.model} needs "
-                             f"({len(lines)}, {encoder.get_sentence_embedding_dimension()}): delete it to rebuild it")
-        print(f"minibert: using the saved index {index}", file=sys.stderr)
+        why = _index_differences(meta_file, record, matrix.shape)
+        if why:
+            print(f"minibert: rebuilding the index {index}: {'; '.join(why)}", file=sys.stderr)
+            matrix = None
+        else:
+            print(f"minibert: using the saved index {index} (same corpus, model and settings)", file=sys.stderr)
     if matrix is None:
-        matrix = np.zeros((len(lines), encoder.get_sentence_embedding_dimension()), dtype=np.float32)
-        matrix[keep] = encoder.encode([lines[i] for i in keep], show_progress_bar=not args.quiet)
+        matrix = np.zeros((len(lines), dims), dtype=np.float32)
+        found = encoder.tokenize([lines[i] for i in keep]).num_truncated_tokens
+        report_truncation([(keep[j] + 1, n) for j, n in enumerate(found) if n], len(lines), encoder.max_seq_length,
+                          what="line")
+        matrix[keep] = encoder.encode([lines[i] for i in keep], batch_size=args.batch_size or 32,
+                                      show_progress_bar=not args.quiet)
         if index is not None:
             np.save(index, matrix)
-            print(f"minibert: saved the index to {index} (reused while the corpus keeps {len(lines)} lines)",
+            meta_file.write_text(json.dumps({**record, "dims": dims}, indent=2) + "\n", encoding="utf-8")
+            print(f"minibert: saved the index to {index} and what it was made from to {meta_file.name}",
                   file=sys.stderr)
     queries = encoder.encode(args.queries)
     hits = cosine_search(matrix[keep], queries, k=args.k)

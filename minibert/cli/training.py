@@ -7,8 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import InputError
-from .common import columns_option, model_option, positive_int, quiet_option, read_lines, training_options
+from ..errors import InputError, not_found
+from ..checks import check_max_length, model_limit
+from .common import (batch_size_option, columns_option, max_length_option, model_option, output_dir, positive_int,
+                     quiet_option, read_lines, report_truncation, training_options)
 
 
 # ----------------------------------------------------------------------------------------- finetune
@@ -50,9 +52,11 @@ def cmd_finetune(args) -> int:
 
 # ------------------------------------------------------------------------------------------ predict
 def add_predict(sub) -> None:
-    p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model")
+    p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model",
+                       parents=[max_length_option(), batch_size_option()])
     p.add_argument("checkpoint", help="a directory written by `minibert finetune`")
-    p.add_argument("texts", help="a UTF-8 text file, one text per line")
+    p.add_argument("texts", help="a UTF-8 text file, one text per line; output line i is input line i (a blank "
+                                 "line gives an empty one)")
     p.set_defaults(func=cmd_predict)
 
 
@@ -63,26 +67,46 @@ def cmd_predict(args) -> int:
     from ..training.data import tag_words
     from ..training.recipes import ScalarMixClassifier
 
-    architectures = read_json_object(Path(args.checkpoint) / "config.json").get("architectures") or []
+    folder = Path(args.checkpoint)
+    if not folder.is_dir():
+        raise not_found(args.checkpoint, "checkpoint folder")
+    architectures = read_json_object(folder / "config.json").get("architectures") or []
     kind = next((a for a in architectures if a in TASK_CLASSES), None)
-    scalarmix = (Path(args.checkpoint) / ScalarMixClassifier.HEAD_FILE).exists()
+    scalarmix = (folder / ScalarMixClassifier.HEAD_FILE).exists()
     if not scalarmix and (kind is None or kind == "BertForQuestionAnswering"):
         raise InputError(f"{args.checkpoint} is not a fine-tuned classifier or tagger (architectures: "
                          f"{architectures}); `minibert predict` takes what `minibert finetune` writes")
-    texts = [line for line in read_lines(args.texts) if line.strip()]
-    if not texts:
+    lines = read_lines(args.texts)
+    todo = [i for i, line in enumerate(lines) if line.strip()]  # a blank line gets an empty output line
+    if not todo:
         raise InputError(f"{args.texts} has no non-empty lines")
     if scalarmix:
         model, kind = ScalarMixClassifier.from_pretrained(args.checkpoint), "BertForSequenceClassification"
     else:
         model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
     tokenizer = BertTokenizer.from_pretrained(args.checkpoint)
-    if kind == "BertForTokenClassification":
-        for text, tags in zip(texts, tag_words(model, tokenizer, [t.split() for t in texts])):
-            print(" ".join(f"{w}/{t}" for w, t in zip(text.split(), tags)))
-        return 0
-    for text, p in zip(texts, model.predict(texts, tokenizer=tokenizer)):
-        print(f"{p['label']}\t{p['score']:.4f}\t{text}" if "label" in p else f"{p['score']:.4f}\t{text}")
+    limit = model_limit(model.config, tokenizer)
+    max_length = limit if args.max_length is None else check_max_length("--max-length", args.max_length, limit)
+    texts = [lines[i] for i in todo]
+    tagger = kind == "BertForTokenClassification"
+    words = [t.split() for t in texts]
+    counted = tokenizer([" ".join(w) for w in words] if tagger else texts, truncation=True, max_length=max_length)
+    report_truncation([(todo[j] + 1, n) for j, n in enumerate(counted.num_truncated_tokens) if n], len(lines),
+                      max_length, what="line")
+    batch_size = args.batch_size or 32
+    if tagger:
+        found = [" ".join(f"{w}/{t}" for w, t in zip(ws, tags))
+                 for ws, tags in zip(words, tag_words(model, tokenizer, words, batch_size=batch_size,
+                                                      max_length=max_length))]
+    else:
+        found = [f"{p['label']}\t{p['score']:.4f}\t{text}" if "label" in p else f"{p['score']:.4f}\t{text}"
+                 for text, p in zip(texts, model.predict(texts, tokenizer=tokenizer, batch_size=batch_size,
+                                                         max_length=max_length))]
+    out = [""] * len(lines)
+    for i, line in zip(todo, found):
+        out[i] = line
+    for line in out:
+        print(line)
     return 0
 
 
@@ -96,10 +120,12 @@ def add_distill(sub) -> None:
     p.add_argument("--out", required=True, help="directory for the student's best checkpoint, tokenizer, metrics.json")
     p.add_argument("--student-blocks", help="teacher blocks the student starts from (default every other: 0,2,4,...)")
     p.add_argument("--texts", help="embedding mode: unlabelled texts, one per line")
-    p.add_argument("--eval-texts", help="embedding mode: held-out texts for the agreement (default: 5%% of --texts, "
-                   "at most 1000)")
-    p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean", help="embedding mode: sentence vector")
-    p.add_argument("--normalize", action="store_true", help="embedding mode: match unit vectors (cosine models)")
+    p.add_argument("--eval-texts", help="embedding mode: held-out texts for the agreement, at least 21 (default: "
+                   "5%% of --texts, at least 21, at most 1000)")
+    p.add_argument("--pool", choices=["mean", "cls", "max"], help="embedding mode: sentence vector (default: a "
+                   "sentence-transformers teacher's pooling, else mean)")
+    p.add_argument("--normalize", action="store_true", default=None,
+                   help="embedding mode: match unit vectors (default: as a sentence-transformers teacher does)")
     p.add_argument("--similarity-weight", type=float, default=0.0,
                    help="embedding mode: weight of the MSE between in-batch cosine similarities (default 0)")
     p.add_argument("--group-by-length", action="store_true",
@@ -161,9 +187,7 @@ def cmd_distill(args) -> int:
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
     lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file")
+    out = output_dir(args.out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     if args.train is not None:
         history, teacher_score = D.distill_task(
@@ -173,15 +197,12 @@ def cmd_distill(args) -> int:
             pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
             config=config, batch_size=args.batch_size, max_length=args.max_length,
             student_dropout=args.student_dropout, log=log)
-        metric = "accuracy" if args.task == "classify" else "entity_f1"
+        metric = history.metric
         print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
               f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
         return 0
     texts = read_lines(args.texts)
     held = read_lines(args.eval_texts) if args.eval_texts else None
-    if not args.eval_texts:
-        print("minibert: note: holding out 5 % of the texts (at most 1000) to measure agreement (--eval-texts to "
-              "choose)", file=sys.stderr)
     run = D.distill_corpus(args.teacher, texts, out, eval_texts=held, student_blocks=blocks, pooling=args.pool,
                            normalize=args.normalize, similarity_weight=args.similarity_weight,
                            hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
@@ -191,8 +212,9 @@ def cmd_distill(args) -> int:
                            augment=args.augment, cache_teacher=args.cache_teacher,
                            freeze_embeddings=args.freeze_embeddings, log=log)
     best = run.history.epochs[run.history.best_epoch - 1]["eval"]
-    print(f"student: blocks {run.blocks} of the teacher's; agreement with the teacher on {run.held_out} held-out "
-          f"texts: Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
+    print(f"student: blocks {run.blocks} of the teacher's, trained on {run.trained_on} texts; agreement with the "
+          f"teacher on {run.held_out} held-out texts ({run.pooling} pooling"
+          f"{', normalized' if run.normalize else ''}): Spearman {best['spearman']:.4f} (before training {run.before['spearman']:.4f}), top-{best['k']} "
           f"overlap {best['top_k_overlap']:.3f} (before {run.before['top_k_overlap']:.3f}); wrote {out}")
     return 0
 
@@ -209,6 +231,9 @@ def add_exits(sub) -> None:
     p.add_argument("--out", required=True, help="directory for the classifier with its exits")
     p.add_argument("--joint", action="store_true", help="train the whole model with the exits (default: frozen "
                    "model, only the exits learn)")
+    p.add_argument("--rounds", type=positive_int, default=5,
+                   help="timing rounds for the speed column: every rule warmed up, then called in alternation this "
+                        "many times; the median and quartiles are printed (default 5)")
     p.set_defaults(func=cmd_exits)
 
 
@@ -220,7 +245,7 @@ def cmd_exits(args) -> int:
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet)
     table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
                         batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,
-                        label_column=args.label_column,
+                        label_column=args.label_column, rounds=args.rounds,
                         log=(lambda line: print(line, file=sys.stderr)) if not args.quiet else None)
     print(table)
     print(f"wrote {args.out}: the classifier, early_exits.safetensors, tokenizer, exits.json")

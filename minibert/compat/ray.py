@@ -1,4 +1,4 @@
-"""Embedding more text than one machine holds, on Ray Data (optional extra: ``pip install "minibert[ray]"``).
+"""Embedding more text than one machine holds, on Ray Data (optional extra: ``pip install -e ".[ray]"``).
 
     from minibert.compat.ray import embed_dataset
     report = embed_dataset(["shards/part-000.txt", "shards/*.jsonl"], "vectors/", model="weights/all-MiniLM-L6-v2",
@@ -11,7 +11,8 @@ How it runs:
 
 1. **Read.** Text (``.txt``: one text per line) and JSON Lines (``.jsonl``: an object per line with a
    ``text`` field and, optionally, an ``id`` field) shards are read whole by one Ray task per file, which
-   numbers the lines: a row's id is the JSON ``id`` when there is one, else ``<file name>:<line number>``.
+   numbers the lines: a row's id is the JSON ``id`` when there is one, else ``<shard>:<line number>``, the
+   shard named by its path relative to the folder all shards share (``a/part.txt:3``, ``b/part.txt:3``).
    Parquet shards are read by Ray's reader and must have the id and text columns. Blank texts get no
    vector; their ids are reported.
 2. **Embed.** ``map_batches`` with a callable class: an actor pool of ``workers`` actors, each loading
@@ -38,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import InputError, MissingExtra
+from ..errors import InputError, missing_extra
+from ..textfiles import output_dir
 
 TEXT_SUFFIXES = (".txt", ".text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -50,7 +52,7 @@ def _ray():
         import ray
         import ray.data  # noqa: F401
     except ImportError:
-        raise MissingExtra("the Ray engine needs Ray Data: pip install 'minibert[ray]'") from None
+        raise missing_extra("the Ray engine", "Ray Data", "ray") from None
     return ray
 
 
@@ -88,9 +90,28 @@ def _kind(path: str) -> str:
     return "parquet" if path.endswith(PARQUET_SUFFIXES) else "jsonl" if path.endswith(JSONL_SUFFIXES) else "text"
 
 
-def shard_rows(path: str, data: bytes, text_field: str = "text", id_field: str = "id") -> list[dict]:
-    """The rows of one text or JSONL shard: ``{"id", "text"}`` per line (blank texts included, text "")."""
-    name = os.path.basename(path)
+def _local(path: str) -> str:
+    return os.path.abspath(path[len("local://"):] if path.startswith("local://") else path)
+
+
+def shard_names(files: Sequence[str]) -> dict[str, str]:
+    """The name each shard's row ids start with: its path relative to the folder all the shards share
+    (``a/part.txt`` and ``b/part.txt`` stay two names; one shard alone is its file name). Keyed by the
+    absolute path (remote URIs: by and as themselves)."""
+    local = [_local(f) for f in files if "://" not in f or f.startswith("local://")]
+    names = {f: f for f in files if "://" in f and not f.startswith("local://")}
+    if local:
+        root = os.path.commonpath([os.path.dirname(f) for f in local])
+        names.update({f: os.path.relpath(f, root).replace(os.sep, "/") for f in local})
+    return names
+
+
+def shard_rows(path: str, data: bytes, text_field: str = "text", id_field: str = "id",
+               name: str | None = None) -> list[dict]:
+    """The rows of one text or JSONL shard: ``{"id", "text"}`` per line (blank texts included, text "").
+    A row's id is ``name:line`` (``name``: ``shard_names``'; default the file name), or a JSONL record's own
+    ``id_field``."""
+    name = os.path.basename(path) if name is None else name
     rows = []
     lines = data.decode("utf-8").split("\n")
     if lines and lines[-1] == "":
@@ -186,8 +207,10 @@ def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int
             raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
     files = expand_inputs(inputs)
     out = Path(out_dir).expanduser()
-    if "://" not in str(out_dir) and out.exists() and any(out.iterdir()):
-        raise InputError(f"out_dir {out} is not empty: the Parquet files of another run would mix with these")
+    if "://" not in str(out_dir):
+        output_dir(out, "out_dir (--out)")  # before any work: an existing folder, or a new last level
+        if out.exists() and any(out.iterdir()):
+            raise InputError(f"out_dir {out} is not empty: the Parquet files of another run would mix with these")
     model_path = Path(model).expanduser()
     model = str(model_path.resolve()) if model_path.exists() else model  # actors may start elsewhere
     ray = _ray()
@@ -200,8 +223,10 @@ def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int
         ds = ray.data.read_parquet(files, columns=[id_field, text_field])
         ds = ds.rename_columns({id_field: "id", text_field: "text"}) if (id_field, text_field) != ("id", "text") else ds
     else:
+        names = shard_names(files)  # ids unique across folders: paths relative to the shards' common folder
         ds = ray.data.read_binary_files(files, include_paths=True).flat_map(
-            lambda row: shard_rows(row["path"], row["bytes"], text_field, id_field))
+            lambda row: shard_rows(row["path"], row["bytes"], text_field, id_field,
+                                   names.get(row["path"]) or names.get(_local(row["path"]), row["path"])))
     ds = ds.materialize()  # read once, before the actors take the CPUs (nothing upstream of them is left to run)
     rows_in = ds.count()
     vectors = ds.map_batches(

@@ -149,6 +149,34 @@ class SentenceEncoder:
                 "max_seq_length": self.max_seq_length, "do_lower_case": self.do_lower_case,
                 "pooling": list(self.pooling), "normalize": self.normalize}
 
+    def save_settings(self, directory) -> list[str]:
+        """Write this encoder's settings as a sentence-transformers folder's module files into ``directory``
+        (where its BERT checkpoint is, or will be, saved): ``modules.json`` (Transformer at the folder's
+        root, Pooling, and Normalize when it normalises), ``sentence_bert_config.json`` (max_seq_length,
+        do_lower_case) and ``1_Pooling/config.json`` (in the boolean spelling every sentence-transformers
+        version reads). ``SentenceEncoder.from_pretrained`` and ``SentenceTransformer`` then pool, truncate
+        and normalise as this encoder does. Returns the files written."""
+        directory = Path(directory)
+        (directory / "1_Pooling").mkdir(parents=True, exist_ok=True)
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        if self.normalize:
+            modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+        legacy = {mode: key for key, mode in _LEGACY_KEYS.items()}
+        unordered = [m for m in self.pooling if m not in legacy]
+        if unordered or list(self.pooling) != [m for m in _LEGACY_KEYS.values() if m in self.pooling]:
+            pooling = {"pooling_mode": list(self.pooling)}  # an order the booleans cannot say
+        else:
+            pooling = {key: mode in self.pooling for key, mode in _LEGACY_KEYS.items()}
+        files = {"modules.json": modules,
+                 "sentence_bert_config.json": {"max_seq_length": self.max_seq_length, "do_lower_case": self.do_lower_case},
+                 "1_Pooling/config.json": {"word_embedding_dimension": self.model.config.hidden_size, **pooling,
+                                           "include_prompt": True}}
+        for name, content in files.items():
+            (directory / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        return list(files)
+
     def as_backend(self, library: str = "keybert"):
         """This encoder as KeyBERT's or BERTopic's embedding backend (see ``as_backend``)."""
         return as_backend(self, library)

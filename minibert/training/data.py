@@ -73,7 +73,7 @@ def tagging_batches(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequenc
 
     if len(sentences) != len(tags) or any(len(w) != len(t) for w, t in zip(sentences, tags)):
         raise InputError("sentences and tags must have the same lengths, sentence by sentence")
-    unknown = sorted({t for row in tags for t in row} - set(label2id))
+    unknown = sorted({t for row in tags for t in row if t is not None} - set(label2id))
     if unknown:
         raise InputError(f"tags {unknown[:5]} are not among the model's labels {sorted(label2id)}")
     if not sentences:
@@ -89,7 +89,7 @@ def tagging_batches(tokenizer, sentences: Sequence[Sequence[str]], tags: Sequenc
             labels = torch.full(batch["input_ids"].shape, -100, dtype=torch.long)
             for r, (i, span) in enumerate(zip(rows, spans)):
                 for w, pieces in enumerate(assign_pieces(offsets[r], batch["attention_mask"][r], span)):
-                    if pieces:
+                    if pieces and tags[i][w] is not None:  # None: a word without a tag, not trained on
                         labels[r, pieces[0]] = label2id[tags[i][w]]
             batch["labels"] = labels
             yield batch

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, not_found
 from ..textfiles import read_text
 
 
@@ -25,7 +25,7 @@ def read_table(path, *, text_column: str = "text", label_column: str = "label", 
     """Rows of a .csv, .tsv or .jsonl file (chosen by the extension)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise not_found(path, "data file")
     suffix = path.suffix.lower()
     text = read_text(path, "table")
     if suffix in (".csv", ".tsv"):
@@ -74,16 +74,17 @@ def read_table(path, *, text_column: str = "text", label_column: str = "label", 
 
 
 def read_tagged(path, *, column: str = "upos") -> tuple[list[list[str]], list[list[str]]]:
-    """(words, tags) per sentence: a .conllu file (tags from ``column``), or a two-column file (token,
-    tab or space, BIO tag; a blank line between sentences)."""
+    """(words, tags) per sentence: a .conllu file (tags from ``column``; a word whose value is ``_`` has the
+    tag None: neither trained nor scored), or a two-column file (token, tab or space, BIO tag; a blank line
+    between sentences)."""
     path = Path(path)
     if path.suffix.lower() == ".conllu":
         from ..textfiles import read_conllu
 
         data = read_conllu(path, column=column)
-        return [w for w, _ in data], [[t if t is not None else "O" for t in tags] for _, tags in data]
+        return [w for w, _ in data], [list(tags) for _, tags in data]  # None: "_" in the file, no tag
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise not_found(path, "data file")
     lines = read_text(path, "tagged text file").split("\n")
     sentences, tags, words, labels = [], [], [], []
     for number, line in enumerate(lines, start=1):

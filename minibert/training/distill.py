@@ -386,10 +386,10 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
                        layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=5e-4),
                        batch_size: int = 32, max_length: int | None = 128, group_by_length: bool = False,
                        student_dropout: float | None = 0.0, cache_teacher: bool = False, out_dir=None,
-                       log: Callable[[str], None] | None = None) -> History:
+                       k: int = 10, log: Callable[[str], None] | None = None) -> History:
     """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
     epoch, with ``eval_texts``, the two models' agreement on them (``embedding_agreement``); the epoch
-    with the best Spearman agreement is kept in ``out_dir``. ``group_by_length``: batches of similar
+    with the best Spearman agreement is kept in ``out_dir``; ``k``: the top-k overlap reported beside it. ``group_by_length``: batches of similar
     lengths (``text_batches``), less padding to compute. ``student_dropout``: every dropout of the student
     at this probability while it trains (0: off -- a regression onto a deterministic teacher fits better
     without that noise; measured in README), its own again afterwards; None leaves it as it is.
@@ -397,8 +397,9 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
     (fast path, batched in length order), and every epoch trains on them: the teacher's forward pass
     leaves the training step. It keeps len(texts) x H floats and needs no hidden-state or attention term.
     The teacher always runs in fp32, also when ``config.bf16`` trains the student under bf16 autocast."""
-    if eval_texts is not None and len(eval_texts) < 3:
-        raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement needs at least 3")
+    if eval_texts is not None and len(eval_texts) < 2 * k + 1:
+        raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement's top-{k} overlap needs at least "
+                         f"{2 * k + 1} (each text's {k} nearest among at least {2 * k} others; k sets it)")
     if cache_teacher and (hidden_weight or attention_weight):
         raise InputError("cache_teacher keeps only the teacher's pooled vectors: hidden_weight and "
                          "attention_weight need its states on every batch (leave cache_teacher off)")
@@ -413,7 +414,7 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
 
         def evaluate(m):
             return embedding_agreement(reference, embed(m.student, tokenizer, eval_texts, pooling=pooling,
-                                                        max_length=max_length), k=min(10, len(eval_texts) - 1))
+                                                        max_length=max_length), k=k)
     targets = None
     if cache_teacher:
         started = time.perf_counter()

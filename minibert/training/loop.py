@@ -124,6 +124,7 @@ class History:
     epochs: list[dict] = field(default_factory=list)  # per epoch: train_loss, metrics, seconds, examples/s
     best_epoch: int | None = None
     best_metric: float | None = None
+    metric: str | None = None  # the name of the metric the best epoch is chosen by
 
     def to_json(self, path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
@@ -210,6 +211,7 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
             with torch.no_grad():
                 record["eval"] = evaluate(model)
             if metric is not None:
+                history.metric = metric
                 value = record["eval"][metric]
                 if history.best_metric is None or value > history.best_metric:
                     history.best_metric, history.best_epoch = value, epoch + 1

@@ -67,18 +67,64 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return pearson(ranks(x), ranks(y))
 
 
+def tag_scheme(tags) -> str:
+    """How a set of tags is read: ``"IOBES"`` (O, and B-/I-/E-/S- prefixes, an S- or E- among them), ``"BIO"``
+    (O, B- and I- prefixes: IOB2, or IOB1 where I- may begin an entity -- read alike, as seqeval's default
+    mode reads them), or ``"plain"`` (anything else: parts of speech, dependency relations, ...), which has
+    no entities and is scored word by word. None (a word without a label) is left out."""
+    found = {t for t in tags if t is not None}
+    prefixed = all(t == "O" or (len(t) > 2 and t[1] == "-" and t[0] in "BIES") for t in found)
+    if not found or not prefixed:
+        return "plain"
+    return "IOBES" if any(t[0] in "ES" and t != "O" for t in found) else "BIO"
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    return ("O", "") if tag == "O" else (tag[0], tag[2:])
+
+
 def entities(tags: Sequence[str]) -> set[tuple[str, int, int]]:
-    """(type, first, last) of every entity in one BIO-tagged sequence."""
-    found, start, kind = set(), None, None
+    """(type, first, last) of every entity in one BIO / IOB1 / IOBES sequence, chunked as seqeval's default
+    (non-strict) mode chunks: an entity ends at O, at a B- or S-, after an E- or S-, or where the type
+    changes; it begins at B- or S-, at an I- or E- after O / E- / S-, or where the type changes."""
+    found, start = set(), 0
+    prev, prev_type = "O", ""
     for i, tag in enumerate(list(tags) + ["O"]):
-        prefix, _, label = tag.partition("-")
-        begins = prefix == "B" or (prefix == "I" and label != kind)
-        if kind is not None and (prefix == "O" or begins):
-            found.add((kind, start, i - 1))
-            kind = None
+        kind, type_ = _split_tag(tag)
+        ends = (prev in "ES" and prev != "O") or (prev in "BI" and kind in "BSO") \
+            or (prev != "O" and prev_type != type_)
+        if ends:
+            found.add((prev_type, start, i - 1))
+        begins = kind in "BS" or (prev in "ESO" and kind in "IE") or (kind != "O" and prev_type != type_)
         if begins:
-            start, kind = i, label
+            start = i
+        prev, prev_type = kind, type_
     return found
+
+
+def tag_scores(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str | None]], scheme: str) -> dict:
+    """What ``minibert finetune --task tag`` reports for a tag scheme (``tag_scheme``): entity F1 (micro,
+    seqeval's convention) with precision and recall for BIO / IOBES tags; word accuracy and macro-F1 over
+    the tags for plain tags. Words whose gold tag is None are left out of both."""
+    _same_length(predicted, gold)
+    for p, g in zip(predicted, gold):
+        if len(p) != len(g):
+            raise InputError(f"a predicted tag sequence has {len(p)} tags, its gold one {len(g)}")
+    if scheme == "plain":
+        pairs = [(p, g) for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs) if g is not None]
+        if not pairs:
+            raise InputError("no word of the evaluation data has a tag to score")
+        ps, gs = zip(*pairs)
+        return {"accuracy": accuracy(ps, gs), "macro_f1": macro_f1(ps, gs)}
+    if scheme not in ("BIO", "IOBES"):
+        raise InputError(f"tag scheme {scheme!r}: use 'BIO', 'IOBES' or 'plain'")
+    gold = [[g if g is not None else "O" for g in gs] for gs in gold]
+    scores = entity_f1(predicted, gold)
+    return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}
+
+
+#: the metric the best epoch is chosen by, per tag scheme
+SCHEME_METRIC = {"BIO": "entity_f1", "IOBES": "entity_f1", "plain": "accuracy"}
 
 
 def entity_f1(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[str]]) -> dict:

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ...checks import check_max_length, model_limit
 from ...errors import InputError
 from ...inputs import check_index
 from ...loading import copy_tokenizer
@@ -20,7 +21,10 @@ from ...tools.surgery import check_dropout, dropout, freeze
 from ..distill import (TaskDistiller, augment_texts, default_blocks, distill_embeddings, embed, embedding_agreement,
                        init_student, parse_layer_map)
 from ..loop import FitConfig, History, epoch_reporter, fit
-from .skeleton import TASK_METRIC, check_labels, read_task_data
+from .skeleton import check_labels, check_length, check_out_dir, read_task_data
+
+#: the k of the top-k overlap the agreement reports
+AGREEMENT_K = 10
 
 
 @dataclass
@@ -30,46 +34,78 @@ class CorpusRun:
     blocks: list[int]  # the teacher blocks the student started from
     held_out: int  # texts the agreement is measured on
     split: bool  # True: they were held out of ``texts`` (no eval_texts given)
+    pooling: str = "mean"  # the sentence vector matched
+    normalize: bool = False
+    sentence_folder: bool = False  # the teacher's sentence-transformers settings were kept
+    trained_on: int = 0  # texts trained on (augmented ones included)
 
 
 def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts: Sequence[str] | None = None,
-                   student_blocks=None, pooling: str = "mean", normalize: bool = False,
+                   student_blocks=None, pooling: str | None = None, normalize: bool | None = None,
                    similarity_weight: float = 0.0, hidden_weight: float = 0.0,
                    attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None,
                    config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
                    max_length: int | None = 128, group_by_length: bool = False,
                    student_dropout: float | None = 0.0, augment: int = 0, cache_teacher: bool = False,
-                   freeze_embeddings: bool = False, log: Callable[[str], None] | None = None) -> CorpusRun:
+                   freeze_embeddings: bool = False, k: int = AGREEMENT_K,
+                   log: Callable[[str], None] | None = None) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
-    every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given, add ``augment`` new texts made
-    from the training texts (``augment_texts``, after the held-out split), measure the agreement before,
-    distil, and write the best student with the tokenizer to ``out_dir``. ``freeze_embeddings``: the
-    student keeps the teacher's embeddings (``surgery.freeze``): no gradient for the word-embedding
-    matrix, a faster step."""
+    every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given (at least ``2k + 1``: the
+    top-k overlap needs more neighbours than k to mean anything), add ``augment`` new texts made from the
+    training texts (``augment_texts``, after the held-out split), measure the agreement before, distil,
+    and write the best student with the tokenizer to ``out_dir``. ``freeze_embeddings``: the student keeps
+    the teacher's embeddings (``surgery.freeze``): no gradient for the word-embedding matrix, a faster step.
+
+    A teacher that is a sentence-transformers folder gives its pooling and normalisation as the defaults
+    (``pooling`` / ``normalize`` None; otherwise mean, not normalised), and the student is written with the
+    same folder settings (modules.json, pooling config, max_seq_length), so it embeds as its teacher does."""
+    from ...compat.sentence import SentenceEncoder, is_sentence_folder
+
+    out_dir = check_out_dir(out_dir)
     if student_dropout is not None:
         check_dropout(student_dropout)
     check_index("augment (texts to make)", augment, 0, 10**9)
+    check_index("k (top-k overlap)", k, 1, 1000)
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise InputError("no non-empty text to distil on")
     split = not eval_texts
+    total = len(texts)
     if split:
-        texts, eval_texts = split_held_out(texts, seed=config.seed)
+        texts, eval_texts = split_held_out(texts, seed=config.seed, minimum=2 * k + 1)
     else:
         eval_texts = [t for t in eval_texts if t.strip()]
-        if len(eval_texts) < 3:
-            raise InputError(f"{len(eval_texts)} non-empty held-out text(s); the agreement needs at least 3")
+        if len(eval_texts) < 2 * k + 1:
+            raise InputError(f"{len(eval_texts)} non-empty held-out text(s); the top-{k} overlap needs at least "
+                             f"{2 * k + 1} (each text's {k} nearest among at least {2 * k} others)")
+    if log is not None:
+        log(f"agreement measured on {len(eval_texts)} held-out texts"
+            + (f", held out of the {total} given ({len(eval_texts) / total:.1%}; 5 % with at least {2 * k + 1} and at "
+               f"most 1000; --eval-texts to choose), training on the other {len(texts)}" if split
+               else f"; training on {len(texts)} texts"))
     if augment:
         texts = texts + augment_texts(texts, augment, seed=config.seed)
-    teacher = BertModel.from_pretrained(teacher_source, mlm_head=False).eval()
-    tokenizer = BertTokenizer.from_pretrained(teacher_source)
+    folder = is_sentence_folder(teacher_source)
+    settings = SentenceEncoder.from_pretrained(teacher_source) if folder else None
+    if settings is not None:
+        if pooling is None and len(settings.pooling) != 1:
+            raise InputError(f"{teacher_source} pools {'+'.join(settings.pooling)}; distillation matches one pooling "
+                             "mode: give pooling (--pool)")
+        pooling = settings.pooling[0] if pooling is None else pooling
+        normalize = settings.normalize if normalize is None else normalize
+        teacher, tokenizer = settings.model.eval(), settings.tokenizer
+    else:
+        teacher = BertModel.from_pretrained(teacher_source, mlm_head=False).eval()
+        tokenizer = BertTokenizer.from_pretrained(teacher_source)
+    pooling, normalize = pooling or "mean", bool(normalize)
+    if max_length is not None:
+        check_max_length("max_length (--max-length)", max_length, model_limit(teacher.config, tokenizer))
     blocks = list(student_blocks) if student_blocks is not None else default_blocks(teacher.config.num_hidden_layers)
     student = init_student(teacher, blocks).train()
     if freeze_embeddings:
         freeze(student, embeddings=True)
     if isinstance(layer_map, str):
         layer_map = parse_layer_map(layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-    k = min(10, len(eval_texts) - 1)
     before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
                                  embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
     history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
@@ -77,18 +113,30 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                                  hidden_weight=hidden_weight, attention_weight=attention_weight,
                                  layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
                                  group_by_length=group_by_length, student_dropout=student_dropout,
-                                 cache_teacher=cache_teacher, out_dir=out_dir, log=log)
+                                 cache_teacher=cache_teacher, out_dir=out_dir, log=log, k=k)
     copy_tokenizer(teacher_source, out_dir)
-    return CorpusRun(history, before, blocks, len(eval_texts), split)
+    if settings is not None:  # the student embeds as its teacher does: the same folder settings
+        kept = SentenceEncoder(student, tokenizer, pooling=[pooling], normalize=normalize,
+                               max_seq_length=settings.max_seq_length, do_lower_case=settings.do_lower_case)
+        kept.save_settings(out_dir)
+        if log is not None:
+            log(f"the student keeps {teacher_source}'s sentence-transformers settings: pooling {pooling}"
+                f"{', normalized' if normalize else ''}, max_seq_length {settings.max_seq_length} (modules.json, "
+                "1_Pooling/config.json, sentence_bert_config.json written)")
+    return CorpusRun(history, before, blocks, len(eval_texts), split, pooling, normalize,
+                     settings is not None, len(texts))
 
 
-def split_held_out(texts: Sequence[str], share: float = 0.05, limit: int = 1000, seed: int = 0):
-    """(train, held): a seeded share of the texts (at most ``limit``, at least 3) held out for agreement."""
+def split_held_out(texts: Sequence[str], share: float = 0.05, limit: int = 1000, seed: int = 0,
+                   minimum: int = 2 * AGREEMENT_K + 1):
+    """(train, held): a seeded share of the texts (at least ``minimum``, at most ``limit``) held out for
+    agreement; at least as many texts must be left to train on."""
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
-    n = min(limit, max(3, round(share * len(texts))))
-    if len(texts) - n < 1:
-        raise InputError(f"{len(texts)} texts are too few to hold {n} out for evaluation; give --eval-texts")
+    n = min(max(limit, minimum), max(minimum, round(share * len(texts))))
+    if len(texts) - n < minimum:
+        raise InputError(f"{len(texts)} texts are too few to hold {n} out for the agreement and train on the rest "
+                         f"(at least {2 * n} are needed); give --eval-texts")
     held = set(order[:n])
     return [t for i, t in enumerate(texts) if i not in held], [texts[i] for i in sorted(held)]
 
@@ -109,6 +157,7 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
     classifier trained on few labels."""
     if task not in ("classify", "tag"):
         raise InputError(f"task {task!r}: distillation with soft targets takes 'classify' or 'tag'")
+    out_dir = check_out_dir(out_dir)
     if student_dropout is not None:
         check_dropout(student_dropout)
     cls = BertForSequenceClassification if task == "classify" else BertForTokenClassification
@@ -122,9 +171,10 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
                           label_column=label_column, tag_column=tag_column)
     check_labels(label2id, data.labels("train") + data.labels("held"), "the data",
                  f"the teacher {teacher_source} does not predict")
+    check_length(teacher, tokenizer, data, max_length)
     batches = data.batches(tokenizer, label2id, batch_size=batch_size, max_length=max_length, seed=config.seed)
     score = data.evaluator(tokenizer, max_length=max_length)
-    metric = TASK_METRIC[task]
+    metric = data.metric
     teacher_score = score(teacher)
     if log is not None:
         log(f"teacher ({teacher.config.num_hidden_layers} blocks): "

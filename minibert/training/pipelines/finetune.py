@@ -4,7 +4,8 @@ head, apply the recipe, ``fit``, evaluate each epoch, write the checkpoint, its 
     task      head                              data                         metric kept for the best epoch
     classify  BertForSequenceClassification     .csv / .tsv / .jsonl         accuracy (and macro-F1)
     regress   BertForSequenceClassification(1)  .csv / .tsv / .jsonl         Pearson (and Spearman)
-    tag       BertForTokenClassification        .conllu or token<TAB>BIO     entity F1 (seqeval convention)
+    tag       BertForTokenClassification        .conllu or token<TAB>BIO     entity F1 (BIO / IOBES, seqeval's
+                                                                              reading) or word accuracy (plain tags)
 
     layerdrop p: each block skipped with probability p on every training pass (prune the result later)
 
@@ -30,7 +31,7 @@ from ..lora import apply_lora, merge_lora
 from ..loop import FitConfig, History, fit
 from ..recipes import ScalarMixClassifier, gradual_unfreezing
 from ..loop import epoch_reporter
-from .skeleton import TASK_METRIC, check_labels, check_out_dir, read_task_data
+from .skeleton import TASK_METRIC, check_labels, check_length, check_out_dir, read_task_data
 
 TASKS = tuple(TASK_METRIC)
 RECIPES = ("full", "gradual", "llrd", "lora", "scalarmix")
@@ -74,6 +75,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
                                     share_encoder=True)
     else:
         model = BertForSequenceClassification.from_encoder(model_source, labels=names, seed=config.seed)
+    check_length(model, tokenizer, data, max_length)
     batches = data.batches(tokenizer, model.config.label2id, batch_size=batch_size, max_length=max_length,
                            seed=config.seed)
     evaluate = data.evaluator(tokenizer, max_length=max_length)
@@ -96,7 +98,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
         trained, evaluate, save, keep, report = ddp.wrap_for_fit(model, evaluate=evaluate, save=save, out_dir=out_dir,
                                                                  log=report, recipe=recipe)
     try:
-        history = fit(trained, batches, config=config, evaluate=evaluate, metric=TASK_METRIC[task], out_dir=keep,
+        history = fit(trained, batches, config=config, evaluate=evaluate, metric=data.metric, out_dir=keep,
                       on_epoch_start=on_epoch_start, on_epoch_end=report, save=save)
     finally:
         if drop is not None:

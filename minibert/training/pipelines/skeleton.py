@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ...checks import check_max_length, model_limit
 from ...errors import InputError
+from ...textfiles import output_dir
 from .. import metrics
 from ..data import classification_batches, tag_words, tagging_batches
 from ..datasets import read_table, read_tagged
 
-#: what each task reads, predicts and keeps the best epoch by
+#: what each task keeps the best epoch by (tags: by their scheme, see ``TaskData.metric``)
 TASK_METRIC = {"classify": "accuracy", "regress": "pearson", "tag": "entity_f1"}
 
 
 def check_out_dir(out_dir) -> Path:
-    """The output folder as a Path; a file there is an InputError (the folder is created on the first save)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir} is a file")
-    return out_dir
+    """The output folder as a Path, checked before any work by ``textfiles.output_dir``'s rule (an existing
+    writable folder, or a new last level under an existing parent; created on the first save)."""
+    return output_dir(out_dir, "--out")
+
+
+def check_length(model, tokenizer, data: "TaskData", max_length: int) -> int:
+    """``max_length`` checked against the model (``checks.check_max_length``), and a warning saying how many
+    rows it truncates (``TaskData.truncation_note``)."""
+    check_max_length("max_length (--max-length)", max_length, model_limit(model.config, tokenizer))
+    note = data.truncation_note(tokenizer, max_length)
+    if note is not None:
+        warnings.warn(note, stacklevel=3)
+    return max_length
 
 
 def check_labels(known: Sequence[str], labels, source, what: str) -> None:
@@ -45,7 +56,37 @@ class TaskData:
 
     def labels(self, which: str = "train") -> list:
         data = self.train if which == "train" else self.held
-        return [t for row in data[1] for t in row] if self.task == "tag" else list(data.labels)
+        return [t for row in data[1] for t in row if t is not None] if self.task == "tag" else list(data.labels)
+
+    @property
+    def scheme(self) -> str | None:
+        """The tag scheme of the training tags (``metrics.tag_scheme``: BIO, IOBES or plain); None for texts."""
+        return metrics.tag_scheme(self.labels("train")) if self.task == "tag" else None
+
+    @property
+    def metric(self) -> str:
+        """The metric the best epoch is chosen by: accuracy (classify), Pearson (regress); for tags it follows
+        the scheme -- entity F1 for BIO / IOBES, word accuracy for plain tags (parts of speech)."""
+        return metrics.SCHEME_METRIC[self.scheme] if self.task == "tag" else TASK_METRIC[self.task]
+
+    def truncation_note(self, tokenizer, max_length: int) -> str | None:
+        """How many training and held-out rows are longer than ``max_length`` tokens (and so are truncated
+        when they are batched), as one line; None when none are."""
+        counts = []
+        for which, data in (("training", self.train), ("held-out", self.held)):
+            if self.task == "tag":
+                texts, pairs = [" ".join(words) for words in data[0]], None
+            else:
+                texts, pairs = data.texts, data.pairs
+            found = tokenizer(list(texts), list(pairs) if pairs is not None else None, truncation=True,
+                              max_length=max_length).num_truncated_tokens
+            cut = [n for n in found if n]
+            if cut:
+                counts.append(f"{len(cut)} of {len(found)} {which} rows (up to {max(cut)} tokens cut)")
+        if not counts:
+            return None
+        return (f"note: {' and '.join(counts)} are longer than {max_length} tokens and are truncated; "
+                "--max-length sets the limit")
 
     def batches(self, tokenizer, label2id: dict, *, batch_size: int, max_length: int, seed: int):
         """``fit``'s batches of the training file, labels mapped by ``label2id`` (regression: the scores)."""
@@ -60,13 +101,14 @@ class TaskData:
 
     def evaluator(self, tokenizer, *, max_length: int) -> Callable:
         """``evaluate(model)`` on the held-out file, as ``minibert finetune`` reports it: accuracy and macro-F1
-        (classify), Pearson and Spearman (regress), entity F1, precision and recall (tag)."""
+        (classify), Pearson and Spearman (regress); for tags by their scheme (``metrics.tag_scores``): entity
+        F1, precision and recall (BIO / IOBES), word accuracy and macro-F1 (plain tags)."""
         if self.task == "tag":
             words, tags = self.held
+            scheme = self.scheme
 
             def evaluate(model):
-                scores = metrics.entity_f1(tag_words(model, tokenizer, words, max_length=max_length), tags)
-                return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}
+                return metrics.tag_scores(tag_words(model, tokenizer, words, max_length=max_length), tags, scheme)
             return evaluate
         held = self.held
 

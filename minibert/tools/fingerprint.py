@@ -1,0 +1,30 @@
+"""What a saved result was computed from, as short hashes: ``weights_fingerprint(model)`` (every tensor of
+the state dict: name, dtype, shape and bytes) and ``file_sha256(path)``. A cache written beside its inputs
+(``minibert search --index``) records them and is rebuilt when one differs."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 (hex) of the model's state dict in order: two models with the same names, dtypes, shapes and
+    values have the same fingerprint; any other difference changes it. One pass over the weights
+    (about 0.1 s for all-MiniLM-L6-v2's 90 MB)."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def file_sha256(path, chunk: int = 1 << 20) -> str:
+    """sha256 (hex) of a file's bytes, read in 1 MB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
