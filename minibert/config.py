@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 
 from .activations import ACTIVATIONS
-from .checks import check_fraction, check_positive
+from .checks import check_fraction, check_index
 from .errors import InputError
 from .names import PRESETS, preset_name
+from .textfiles import read_json
+
+#: the largest value each size may take: far above any published BERT (24 layers, 1024 wide, 4096 FFN,
+#: 250k vocabulary, 8192 positions), low enough that tensor_map and the meta model stay cheap
+LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": 1024, "num_attention_heads": 1024,
+          "intermediate_size": 1 << 18, "max_position_embeddings": 1 << 20, "type_vocab_size": 1 << 16}
 
 #: transformers' problem types for sequence classification (the loss each implies: heads.py)
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -48,10 +55,14 @@ class BertConfig:
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
-        """Raise ValueError naming the field, its value and the rule it breaks."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            check_positive(f"BertConfig.{name}", getattr(self, name))
+        """Raise ValueError naming the field, its value and the rule it breaks. Sizes are bounded
+        (``LIMITS``): a config asking for more than any BERT has is refused before anything is built."""
+        for name, limit in LIMITS.items():
+            check_index(f"BertConfig.{name}", getattr(self, name), 1, limit,
+                        "a bound far above any BERT's, so that a damaged config fails before memory is taken")
+        for name in ("hidden_act", "position_embedding_type"):
+            if not isinstance(getattr(self, name), str):
+                raise InputError(f"BertConfig.{name} must be a string, got {getattr(self, name)!r}")
         if self.hidden_size % self.num_attention_heads:
             raise InputError(
                 f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -66,18 +77,22 @@ class BertConfig:
                 "'relative_key'/'relative_key_query' and computes something else; we refuse instead)")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             check_fraction(f"BertConfig.{name}", getattr(self, name))
-        if not float(self.layer_norm_eps) > 0:
-            raise InputError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
+            raise InputError(f"BertConfig.layer_norm_eps must be a finite number > 0, got {eps!r}")
         if self.id2label is not None:
-            if not self.id2label or sorted(self.id2label) != list(range(len(self.id2label))):
+            if (not isinstance(self.id2label, dict) or not self.id2label
+                    or not all(isinstance(k, int) and not isinstance(k, bool) for k in self.id2label)
+                    or sorted(self.id2label) != list(range(len(self.id2label)))
+                    or not all(isinstance(v, str) for v in self.id2label.values())):
                 raise InputError(f"BertConfig.id2label must map 0..num_labels-1 to names, got {self.id2label!r}")
-        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+        if self.problem_type is not None and (not isinstance(self.problem_type, str)
+                                              or self.problem_type not in PROBLEM_TYPES):
             raise InputError(f"BertConfig.problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
         if self.classifier_dropout is not None:
             check_fraction("BertConfig.classifier_dropout", self.classifier_dropout)
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise InputError(
-                f"BertConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size={self.vocab_size})")
+        check_index("BertConfig.pad_token_id", self.pad_token_id, 0, self.vocab_size - 1,
+                    f"an id of the vocabulary of {self.vocab_size}")
 
     @property
     def num_labels(self) -> int | None:
@@ -107,17 +122,25 @@ class BertConfig:
             raise InputError(f"config.json has model_type {data['model_type']!r}; minibert loads 'bert' only")
         if isinstance(data.get("id2label"), dict):  # JSON keys are strings
             try:
-                data["id2label"] = {int(k): str(v) for k, v in data["id2label"].items()}
+                data["id2label"] = {int(k): v for k, v in data["id2label"].items()}
             except ValueError:
                 raise InputError(f"config.json's id2label keys must be integers, got {list(data['id2label'])}") from None
-        elif isinstance(data.get("num_labels"), int):
+        elif data.get("id2label") is not None:
+            raise InputError(f"config.json's id2label must be an object (index -> name), got {data['id2label']!r}")
+        elif isinstance(data.get("num_labels"), int) and not isinstance(data["num_labels"], bool):
+            check_index("config.json's num_labels", data["num_labels"], 1, 1 << 16)
             data["id2label"] = {i: f"LABEL_{i}" for i in range(data["num_labels"])}
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
-        return cls.from_dict(read_json_object(path))
+        """config.json; a field of the wrong type or out of range is an InputError naming the file."""
+        data = read_json_object(path)
+        try:
+            return cls.from_dict(data)
+        except InputError as e:
+            raise type(e)(f"{path}: {e}") from None
 
     def to_dict(self) -> dict:
         """config.json content that transformers' BertModel reads back to the same model."""
@@ -151,12 +174,5 @@ class BertConfig:
 
 def read_json_object(path: str | os.PathLike) -> dict:
     """A JSON file that must hold one object (config.json, tokenizer files, shard indexes). A file that is
-    not UTF-8, not JSON or not an object is an InputError naming the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON (truncated or corrupt?): {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path} must hold a JSON object, found a {type(data).__name__}")
-    return data
+    not UTF-8, not JSON, too deeply nested or not an object is an InputError naming the file."""
+    return read_json(path, dict)

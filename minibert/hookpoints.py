@@ -7,10 +7,17 @@ truth test of an empty list: no copies, no autograd nodes. torch's own module ho
 (``register_forward_hook`` and friends, which tools such as captum use) are honoured: registering one puts
 an entry in that list, and the point then goes through ``nn.Module.__call__``, which runs them around
 ``forward``.
+
+Functions registered through ``registered`` (what ``minibert.tools.hooks.hooks`` does) belong to the thread
+-- more exactly, the ``contextvars`` context -- that opened the ``with`` block: a point runs them only there
+(``ACTIVE``). A server that ablates a head for one request leaves the forward passes other threads run at
+the same time untouched. (torch's own module hooks are torch's: they fire in every thread.)
 """
 
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -29,6 +36,27 @@ GLOBAL_FORWARD_PRE_HOOKS = _torch_module._global_forward_pre_hooks
 
 #: the entry a torch module hook puts in ``HookPoint.fns``, so that an unhooked point stays one truth test
 TORCH_HOOKS = ("<torch module hooks>", None)
+
+#: the ``with`` blocks open in this thread (or asyncio task): a function registered by another is not run here
+ACTIVE: contextvars.ContextVar[frozenset] = contextvars.ContextVar("minibert_hook_blocks", default=frozenset())
+
+
+class Scoped:
+    """A registered function and the ``with`` block (``owner``) it belongs to."""
+
+    __slots__ = ("fn", "owner")
+
+    def __init__(self, fn: HookFn, owner: object):
+        self.fn, self.owner = fn, owner
+
+    def __call__(self, x: torch.Tensor, name: str):
+        return self.fn(x, name)
+
+
+def visible(fn) -> bool:
+    """Whether a registered function runs in this thread / context (a torch-hooks entry never does: torch
+    runs those)."""
+    return fn is not None and (not isinstance(fn, Scoped) or fn.owner in ACTIVE.get())
 
 
 class HookPoint(nn.Module):
@@ -56,8 +84,8 @@ class HookPoint(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Each registered ``fn(x, name)`` in turn (see the class docstring)."""
-        for name, fn in self.fns:
-            if fn is None:  # TORCH_HOOKS: torch runs those itself
+        for name, fn in tuple(self.fns):  # a copy: other threads may add or remove theirs meanwhile
+            if not visible(fn):  # TORCH_HOOKS (torch runs those itself), or another thread's block
                 continue
             result = fn(x, name)
             if result is None or result is x:
@@ -84,7 +112,7 @@ class HookPoint(nn.Module):
     @property
     def active(self) -> bool:
         """Whether anything will see this point's activation: a registered function or a torch hook."""
-        return bool(self.fns) and (self.torch_hooked or any(fn is not None for _, fn in self.fns))
+        return bool(self.fns) and (self.torch_hooked or any(visible(fn) for _, fn in tuple(self.fns)))
 
     def _torch_hook_added(self) -> None:  # called by torch's register_*_hook methods (see _noting, below)
         if TORCH_HOOKS not in self.fns:
@@ -117,3 +145,25 @@ def _noting(register):
 for _name in ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
               "register_full_backward_pre_hook", "register_backward_hook"):
     setattr(HookPoint, _name, _noting(getattr(nn.Module, _name)))
+
+
+@contextmanager
+def registered(entries):
+    """Register ``fn`` at each ``(point, name, fn)`` for the ``with`` block, visible to this thread (context)
+    only; removed on exit, also when the block raises."""
+    owner = object()
+    added = []
+    token = ACTIVE.set(ACTIVE.get() | {owner})
+    try:
+        for point, name, fn in entries:
+            entry = (name, Scoped(fn, owner))
+            point.fns.append(entry)
+            added.append((point, entry))
+            HookPoint.registered += 1
+        yield
+    finally:
+        for point, entry in reversed(added):
+            HookPoint.registered -= 1
+            if entry in point.fns:
+                point.fns.remove(entry)
+        ACTIVE.reset(token)

@@ -22,6 +22,7 @@ import torch
 from .config import BertConfig, read_json_object
 from .errors import CheckpointError, InputError
 from .names import hub_repo_id, parse_dtype
+from .textfiles import atomic_dir, atomic_file, inside
 
 WEIGHT_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -92,7 +93,8 @@ SKIPPED_PREFIXES = {
     "classifier.": "task head",
     "qa_outputs.": "task head",
 }
-BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # stored buffers, recomputed here
+BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # what a weight may be stored as  # stored buffers, recomputed here
 
 
 def normalise_name(name: str) -> str:
@@ -150,7 +152,8 @@ def find_checkpoint(path: Path) -> tuple[Path, list[Path]]:
             weight_map = read_json_object(path / INDEX_FILE).get("weight_map")
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise CheckpointError(f"{path / INDEX_FILE} has no valid weight_map (tensor name -> shard file)")
-            weight_files = [path / name for name in sorted(set(weight_map.values()))]
+            # every shard is a file of this folder: an index naming ../x or /etc/x is refused, links included
+            weight_files = [inside(path, name, str(path / INDEX_FILE)) for name in sorted(set(weight_map.values()))]
             missing = [str(p) for p in weight_files if not p.exists()]
             if missing:
                 raise CheckpointError(f"{INDEX_FILE} in {path} names shard files that are missing: {missing}")
@@ -216,6 +219,15 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
             raise CheckpointError(f"{where}: {name!r} and another tensor both normalise to {key!r}")
         by_name[key] = (name, tensor)
 
+    blocks = {int(m.group(1)) for k in by_name if (m := re.match(r"encoder\.layer\.(\d+)\.", k))}
+    if blocks != set(range(config.num_hidden_layers)):  # said before the per-tensor lists are built
+        wanted = set(range(config.num_hidden_layers))
+        missing = [f"encoder.layer.{i}.*" for i in sorted(wanted - blocks)]
+        extra = [f"encoder.layer.{i}.*" for i in sorted(blocks - wanted)]
+        raise CheckpointError(f"{where} does not fit its config: config.json says num_hidden_layers="
+                              f"{config.num_hidden_layers}, the checkpoint has {len(blocks)} blocks"
+                              + (f"; missing tensors of {_shorten(missing, 4)}" if missing else "")
+                              + (f"; unexpected tensors of {_shorten(extra, 4)}" if extra else ""))
     has_pooler = any(k.startswith("pooler.") for k in by_name)
     if with_head and "cls.predictions.bias" not in by_name and "cls.predictions.decoder.bias" in tied:
         by_name["cls.predictions.bias"] = tied.pop("cls.predictions.decoder.bias")  # only the tied copy
@@ -237,6 +249,11 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
     if wrong_shape:
         problems.append(f"{len(wrong_shape)} tensor(s) whose shape disagrees with config.json: "
                         f"{_shorten(wrong_shape)}")
+    wrong_dtype = [f"{by_name[theirs][0]}: {str(by_name[theirs][1].dtype).replace('torch.', '')}"
+                   for theirs, _, _ in expected if theirs in by_name and by_name[theirs][1].dtype not in WEIGHT_DTYPES]
+    if wrong_dtype:
+        problems.append(f"{len(wrong_dtype)} tensor(s) that are not real floating point (float16, bfloat16, float32 "
+                        f"or float64): {_shorten(wrong_dtype)}")
     if problems:
         raise CheckpointError(f"{where} does not fit its config: " + "; ".join(problems))
 
@@ -253,7 +270,24 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
         tensor = by_name[theirs][1]
         assert tuple(tensor.shape) == shape, (theirs, tuple(tensor.shape), shape)
         state[ours] = tensor
+    check_finite(state, {ours: by_name[theirs][0] for theirs, ours, _ in expected}, where)
     return state, has_pooler, with_head, sorted(skipped)
+
+
+def check_finite(state: dict[str, torch.Tensor], names: dict[str, str], where: str) -> None:
+    """Every weight a finite number: NaN or Inf anywhere would make every output NaN, silently. One pass
+    over the (mapped) weights: a sum per tensor (NaN and Inf propagate into it; the rare finite tensor
+    whose sum overflows is then checked value by value); the error names the tensors and how many values."""
+    bad = []
+    for ours, tensor in state.items():
+        if torch.isfinite(tensor.sum(dtype=torch.float32 if tensor.dtype != torch.float64 else None)):
+            continue
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad.append(f"{names.get(ours, ours)} ({int(finite.numel() - finite.sum()):,} of {finite.numel():,} values)")
+    if bad:
+        raise CheckpointError(f"{where}: {len(bad)} tensor(s) hold NaN or Inf, which would make every output NaN: "
+                              f"{_shorten(bad)}. The checkpoint is damaged (or was saved from a diverged run)")
 
 
 def _shorten(names: list[str], limit: int = 12) -> str:
@@ -351,8 +385,6 @@ def save_model(model, directory) -> None:
         raise InputError(f"this model has LoRA layers ({adapted[0]}, ...), which a BERT checkpoint has no names "
                          "for: fold them in with minibert.training.lora.merge_lora(model) and save that, or save "
                          "the adapters alone with save_adapters")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     task = hasattr(model, "checkpoint_head")
     encoder = model.bert if task else model
     mlm = getattr(encoder, "mlm_head", None) is not None
@@ -369,8 +401,11 @@ def save_model(model, directory) -> None:
         state[theirs] = tensor.detach().to("cpu").contiguous()
     assert not params, f"parameters with no checkpoint name: {sorted(params)}"
     architecture = type(model).__name__ if task else ("BertForMaskedLM" if mlm else "BertModel")
-    model.config.to_json_file(directory / "config.json", architectures=(architecture,))  # which class it is
-    save_file(state, directory / WEIGHT_FILE, metadata={"format": "pt"})
+    # config.json and the weights go in together: a process killed mid-save leaves the old checkpoint
+    # whole (or none), never new weights beside an old config (textfiles.atomic_dir)
+    with atomic_dir(directory) as tmp:
+        model.config.to_json_file(tmp / "config.json", architectures=(architecture,))  # which class it is
+        save_file(state, tmp / WEIGHT_FILE, metadata={"format": "pt"})
 
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
@@ -385,4 +420,5 @@ def copy_tokenizer(model_source, out_dir) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (source / name).exists() and (source / name).resolve() != (out_dir / name).resolve():
-            shutil.copy(source / name, out_dir / name)
+            with atomic_file(out_dir / name) as tmp:
+                shutil.copy(source / name, tmp)

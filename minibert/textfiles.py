@@ -1,13 +1,19 @@
 """The files the library reads and writes: plain text one item per line (``read_lines``), CoNLL-U
-(``read_conllu``: words and one label column per sentence), and the check of a file about to be written
-(``output_file``, ``output_dir``). Each names the file (and the line) when it is not what it must be (``InputError``)."""
+(``read_conllu``: words and one label column per sentence), JSON (``read_json``, with ``field`` to take
+one typed value out of it), a path named inside a folder's files (``inside``), the check of a file about
+to be written (``output_file``, ``output_dir``) and writes a killed process cannot leave half done
+(``atomic_file``, ``atomic_dir``). Each names the file (and the line or field) when it is not what it
+must be (``InputError``)."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Sequence
+
+from contextlib import contextmanager
 
 from .errors import InputError, missing_extra, not_found
 
@@ -22,6 +28,99 @@ def read_text(path, what: str = "text file") -> str:
         raise InputError(f"{path} is not UTF-8 text ({e}); a {what} must be UTF-8") from None
     except IsADirectoryError:
         raise InputError(f"{path} is a directory, not a {what}") from None
+
+
+#: the deepest nesting a JSON file we read may have: configs are 2-3 levels deep; deeper is a hostile or
+#: broken file (and Python's decoder would raise RecursionError past ~1000)
+JSON_DEPTH = 64
+
+
+def _depth(value, limit: int) -> int:
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        if depth > limit:
+            return depth
+        level = [v for item in level for v in (item.values() if isinstance(item, dict) else item
+                                               if isinstance(item, list) else ())]
+        level = [v for v in level if isinstance(v, (dict, list))]
+    return depth
+
+
+def read_json(path, kind: type = dict, what: str = "JSON file"):
+    """A UTF-8 JSON file holding one ``kind`` (dict or list), nested at most ``JSON_DEPTH`` deep. Anything
+    else -- not UTF-8, not JSON, truncated, another top-level type, deeper -- is an InputError naming the
+    file; a missing file a FileNotFoundError."""
+    import json
+
+    text = read_text(path, what)
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise InputError(f"{path} nests JSON too deeply to read; a {what} is a few levels at most") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path} is not valid JSON (truncated or corrupt?): {e}") from None
+    if not isinstance(data, kind):
+        raise InputError(f"{path} must hold a JSON {'object' if kind is dict else 'array'}, found "
+                         f"{_json_type(data)}")
+    if _depth(data, JSON_DEPTH) > JSON_DEPTH:
+        raise InputError(f"{path} nests JSON more than {JSON_DEPTH} levels deep; a {what} is a few levels at most")
+    return data
+
+
+def _json_type(value) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+_MISSING = object()
+
+
+def field(data: dict, key: str, kinds, where, default=_MISSING, check=None):
+    """``data[key]`` if it is of one of ``kinds`` (``bool`` is never taken for ``int``; ``float`` takes an
+    int too), else an InputError naming the file (``where``), the field, what it holds and what it must
+    be. A missing key gives ``default``, or is an error when there is none. ``check``: a further test
+    (value -> message or None)."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if key not in data:
+        if default is _MISSING:
+            raise InputError(f"{where}: the field {key!r} is missing")
+        return default
+    value = data[key]
+    ok = any(value is None if k is None else
+             (isinstance(value, (int, float)) and not isinstance(value, bool)) if k is float else
+             (isinstance(value, int) and not isinstance(value, bool)) if k is int else
+             isinstance(value, k) for k in kinds)
+    problem = None if ok else "it must be " + " or ".join(_json_type(k()) if k is not None else "null"
+                                                          for k in kinds)
+    if problem is None and check is not None:
+        problem = check(value)
+    if problem:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise InputError(f"{where}: {key!r} is {_json_type(value)} ({shown}); {problem}")
+    return value
+
+
+def inside(folder, name, where: str) -> Path:
+    """``folder / name`` for a path named in one of the folder's own files (a sentence-transformers module,
+    a shard of an index), required to stay inside ``folder``: an absolute path, ``..``, or a link that
+    leads out is an InputError naming the file that said it. The one place links may lead is where the
+    hub cache keeps a snapshot's files: a snapshot (``.../models--org--name/snapshots/<commit>``) holds
+    links into its repository's ``blobs/``."""
+    if not isinstance(name, str):
+        raise InputError(f"{where}: a path must be a string, got {_json_type(name)} ({name!r})")
+    folder = Path(folder)
+    root = folder.resolve()
+    allowed = root.parent.parent if root.parent.name == "snapshots" else root  # a hub snapshot: its repository
+    target = folder / name
+    lexical = Path(os.path.normpath(root / name))
+    resolved = target.resolve()
+    if (Path(name).is_absolute() or not lexical.is_relative_to(root)
+            or not (resolved == root or resolved.is_relative_to(allowed))):
+        raise InputError(f"{where}: the path {name!r} leads outside {folder} (to {resolved}); paths in a model "
+                         "folder's files must stay inside it")
+    return target
 
 
 def read_lines(path) -> list[str]:
@@ -145,3 +244,138 @@ def read_conllu(path, column: str = "upos") -> list[tuple[list[str], list[str | 
         raise InputError(f"{path}: every word's {column!r} is '_' (no value): there is nothing to probe; "
                          "pick a column that this file fills in")
     return sentences
+
+
+# ------------------------------------------------------------------------------------ atomic writes
+def _fsync(path: Path) -> None:
+    """Flush a file, or a folder's entries, to the disk (where the platform lets a folder be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_file(path):
+    """Write ``path`` so that a process killed at any moment leaves either the old file or the new one:
+    the caller writes to the temporary path this yields (same folder, a name starting with ``.``); on
+    success it is flushed to the disk and renamed over ``path`` (one atomic rename); on an error it is
+    removed and ``path`` is untouched."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(path, text: str) -> None:
+    """``Path(path).write_text(text)`` through ``atomic_file`` (UTF-8)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the platform or
+    the file system cannot."""
+    import ctypes
+    import errno
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Put into ``new`` every file of ``old`` that ``new`` has not got (hard links, copies where links
+    cannot be made): the files other writers keep in the folder (a tokenizer, metrics) survive."""
+    for item in old.iterdir():
+        target = new / item.name
+        if item.is_dir() and not item.is_symlink():
+            target.mkdir(exist_ok=True)
+            _carry_over(item, target)
+        elif not target.exists() and not target.is_symlink():
+            try:
+                os.link(item, target, follow_symlinks=False)
+            except OSError:
+                shutil.copy2(item, target, follow_symlinks=False)
+
+
+def _remove_stale(path: Path) -> None:
+    """Delete what earlier writes to ``path`` left beside it when their process was killed mid-way: the
+    ``.<name>.<pid>.*.tmp`` folders of processes that no longer run."""
+    for item in path.parent.glob(f".{glob_escape(path.name)}.*.tmp*"):
+        parts = item.name[len(path.name) + 2:].split(".", 1)
+        if not parts[0].isdigit() or int(parts[0]) == os.getpid():
+            continue
+        try:
+            os.kill(int(parts[0]), 0)
+            continue  # its writer still runs
+        except ProcessLookupError:
+            shutil.rmtree(item, ignore_errors=True)
+        except (PermissionError, OSError):
+            continue
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
+
+
+@contextmanager
+def atomic_dir(path):
+    """Write the files of folder ``path`` so that a process killed at any moment leaves either the old
+    folder's content or the new one, never a mix: the caller writes into the temporary folder this yields
+    (beside ``path``, named ``.<name>.<pid>.<random>.tmp``); on success the old folder's other files are
+    linked in, every file is flushed to the disk, and the two folders are swapped in one step
+    (``renameat2`` with ``RENAME_EXCHANGE`` on Linux; elsewhere two renames, a window of microseconds); the
+    old content is then deleted. A write killed half-way leaves its temporary folder, which the next write
+    to the same path deletes once its process is gone. The parent folder is created when missing, as
+    ``save_pretrained`` always did."""
+    import tempfile
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{path} is a file; a checkpoint is written to a folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.is_dir():
+            _carry_over(path, tmp)
+        for root, _, files in os.walk(tmp):
+            for name in files:
+                _fsync(Path(root) / name)
+        if not path.exists():
+            os.rename(tmp, path)
+        elif not _exchange(tmp, path):
+            old = tmp.with_name(tmp.name + ".old")
+            os.rename(path, old)
+            os.rename(tmp, path)
+            tmp = old
+        _fsync(path.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import _unicode_tables as _tables
 from .errors import InputError
+from .textfiles import field
 
 # ------------------------------------------------------------------------------ character classes
 # The Rust tokenizers library classifies characters with Unicode tables older than Python's unicodedata
@@ -101,6 +102,18 @@ class BertTokenizer:
         elif isinstance(vocab, (list, tuple)):
             vocab = {token: i for i, token in enumerate(vocab)}
         self.vocab: dict[str, int] = dict(vocab)
+        for name, value in (("do_lower_case", do_lower_case), ("tokenize_chinese_chars", tokenize_chinese_chars),
+                            ("strip_accents", strip_accents)):
+            if not isinstance(value, bool) and not (name == "strip_accents" and value is None):
+                raise InputError(f"{name} must be true or false, got {value!r}" + (
+                    " (a string is not a boolean: \"false\" would read as true)" if isinstance(value, str) else ""))
+        for name, value in (("model_max_length", model_max_length), ("max_input_chars_per_word", max_input_chars_per_word)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in (("unk_token", unk_token), ("sep_token", sep_token), ("pad_token", pad_token),
+                            ("cls_token", cls_token), ("mask_token", mask_token)):
+            if not isinstance(value, str) and not (name == "mask_token" and value is None):
+                raise InputError(f"{name} must be a string, got {value!r}")
         self.ids_to_tokens = {i: t for t, i in self.vocab.items()}
         self.do_lower_case = do_lower_case
         self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # as transformers
@@ -138,27 +151,56 @@ class BertTokenizer:
             if norm.get("type") == "BertNormalizer":
                 options.update(do_lower_case=norm.get("lowercase", True), strip_accents=norm.get("strip_accents"),
                                tokenize_chinese_chars=norm.get("handle_chinese_chars", True))
-        config = _read_json(directory / "tokenizer_config.json")
+        config_file = directory / "tokenizer_config.json"
+        config = _read_json(config_file)
         specials = dict(_read_json(directory / "special_tokens_map.json"))
         specials.update({k: v for k, v in config.items() if k.endswith("_token")})
-        for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length"):
+        for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars"):
             if config.get(key) is not None or key == "strip_accents" and key in config:
-                options[key] = config[key]
+                options[key] = field(config, key, (bool, None) if key == "strip_accents" else bool, config_file)
         for key in ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
             if key in specials:
                 value = specials[key]
-                options[key] = value.get("content") if isinstance(value, dict) else value
-        if "model_max_length" not in options or options["model_max_length"] > 10**9:
-            model_config = _read_json(directory / "config.json")
-            options["model_max_length"] = model_config.get("max_position_embeddings", 512)
+                if isinstance(value, dict):  # {"content": "[CLS]", "lstrip": false, ...}
+                    value = field(value, "content", str, f"{directory} ({key})")
+                options[key] = field({key: value}, key, str, f"{directory} ({key})")
+        positions = None
+        if (directory / "config.json").exists():
+            positions = field(_read_json(directory / "config.json"), "max_position_embeddings", int,
+                              directory / "config.json", default=None)
+        limit = field(config, "model_max_length", (float, None), config_file, default=None,
+                      check=lambda v: None if v is None or v >= 1 else "it must be at least 1")
+        if limit is None or limit > 10**9:  # transformers' "no limit" sentinel (1e30): the model's positions
+            limit = positions or 512
+        elif positions is not None and limit > positions:
+            warnings.warn(f"{config_file}: model_max_length {limit:g} is more than the model's "
+                          f"{positions} positions; truncating at {positions}", stacklevel=2)
+            limit = positions
+        options["model_max_length"] = int(limit)
         if (directory / "vocab.txt").exists():
             vocab = load_vocab(directory / "vocab.txt")
-        elif fast and (fast.get("model") or {}).get("type") == "WordPiece":
-            vocab = fast["model"]["vocab"]
+        elif fast and isinstance(fast.get("model"), dict) and fast["model"].get("type") == "WordPiece":
+            where = directory / "tokenizer.json"
+            vocab = field(fast["model"], "vocab", dict, where)
+            ids = sorted(vocab.values()) if all(isinstance(i, int) and not isinstance(i, bool)
+                                                for i in vocab.values()) else None
+            if ids != list(range(len(vocab))):
+                raise InputError(f"{where}: model.vocab must map each token to its own id 0..{len(vocab) - 1}")
             options.setdefault("max_input_chars_per_word", fast["model"].get("max_input_chars_per_word", 100))
         else:
             raise FileNotFoundError(f"no vocab.txt, and no WordPiece tokenizer.json, in {directory}")
         return cls(vocab, **options)
+
+    def check_fits(self, config, where: str = "the model") -> None:
+        """Every id this tokenizer can produce -- special or regular -- must be a row of the model's
+        word-embedding table (``config.vocab_size``); said at load, not as an index error at the first
+        forward pass."""
+        largest = max(self.vocab.values())
+        if largest >= config.vocab_size:
+            token = self.ids_to_tokens[largest]
+            raise InputError(f"the tokenizer's vocabulary has ids up to {largest} ({token!r}), past {where}'s "
+                             f"vocab_size of {config.vocab_size} (ids 0..{config.vocab_size - 1}): the tokenizer "
+                             "and the checkpoint do not belong together")
 
     @property
     def vocab_size(self) -> int:
@@ -381,12 +423,12 @@ class BertTokenizer:
         and ``BertTokenizer.from_pretrained`` both read them back to the same ids."""
         import json
 
+        from .textfiles import atomic_dir
+
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         ordered = sorted(self.vocab.items(), key=lambda kv: kv[1])
         if [i for _, i in ordered] != list(range(len(ordered))):
             raise InputError("the vocabulary ids are not 0..n-1 without gaps; vocab.txt cannot hold it")
-        (directory / "vocab.txt").write_text("".join(t + "\n" for t, _ in ordered), encoding="utf-8")
         specials = {name: getattr(self, name) for name in ("unk_token", "sep_token", "pad_token", "cls_token",
                                                            "mask_token") if getattr(self, name) is not None}
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
@@ -394,9 +436,11 @@ class BertTokenizer:
                   "tokenize_chinese_chars": self.tokenize_chinese_chars, "model_max_length": self.model_max_length,
                   "clean_up_tokenization_spaces": True, **specials}
         written = []
-        for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", specials)):
-            (directory / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-            written.append(str(directory / name))
+        with atomic_dir(directory) as tmp:  # the three files together, or the old ones: a kill leaves no mix
+            (tmp / "vocab.txt").write_text("".join(t + "\n" for t, _ in ordered), encoding="utf-8")
+            for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", specials)):
+                (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+                written.append(str(directory / name))
         return (str(directory / "vocab.txt"), *written)
 
     # ------------------------------------------------------------------------------- __call__
@@ -575,11 +619,23 @@ def _no_other_options(method: str, kwargs: dict) -> None:
 
 
 def load_vocab(path) -> dict[str, int]:
-    """vocab.txt: one token per line, the line number is the id."""
+    """vocab.txt: one token per line, the line number is the id. Bytes that are not UTF-8, and a token on
+    two lines (which would shift every later id by one), are InputErrors naming the file and the lines."""
+    from .textfiles import read_text
+
     vocab = {}
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            vocab[line.rstrip("\n")] = i
+    text = read_text(path, "vocab.txt")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for i, line in enumerate(lines):
+        token = line[:-1] if line.endswith("\r") else line
+        if token in vocab:
+            raise InputError(f"{path}: line {i + 1} repeats the token {token!r} of line {vocab[token] + 1}; each "
+                             "token must appear once (its line number is its id)")
+        vocab[token] = i
+    if not vocab:
+        raise InputError(f"{path} holds no token")
     return vocab
 
 

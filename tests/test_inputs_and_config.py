@@ -85,8 +85,8 @@ def test_dropout_in_training_mode_only(model):
     (dict(hidden_size=100, num_attention_heads=12), r"hidden_size \(100\) must be divisible by num_attention_heads \(12\)"),
     (dict(hidden_act="swish"), r"hidden_act 'swish' is not supported"),
     (dict(position_embedding_type="relative_key"), r"position_embedding_type 'relative_key' is not supported"),
-    (dict(num_hidden_layers=0), r"num_hidden_layers must be a positive integer, got 0"),
-    (dict(vocab_size=10, pad_token_id=10), r"pad_token_id \(10\) must be in \[0, vocab_size=10\)"),
+    (dict(num_hidden_layers=0), r"num_hidden_layers=0 is out of range: it must be an int in \[1, 1024\]"),
+    (dict(vocab_size=10, pad_token_id=10), r"pad_token_id=10 is out of range: it must be an int in \[0, 9\]"),
     (dict(hidden_dropout_prob=1.5), r"hidden_dropout_prob must be in \[0, 1\)"),
 ])
 def test_config_validation(kwargs, pattern):

@@ -116,9 +116,9 @@ class ParityReport:
         return data
 
     def write_json(self, path) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=2)
-            f.write("\n")
+        from ..textfiles import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_json(), indent=2) + "\n")
 
 
 # ------------------------------------------------------------------------------------------- runners

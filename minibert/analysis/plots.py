@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..textfiles import output_file
+from ..textfiles import atomic_file, output_file
 from ..errors import InputError, missing_extra, require_extra
 
 
@@ -38,7 +38,8 @@ def output_path(path) -> Path:
 
 def _save(fig, path) -> Path:
     path = output_path(path)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", format=path.suffix.lower()[1:])
+    with atomic_file(path) as tmp:  # a killed process leaves the old figure or the new one
+        fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format=path.suffix.lower()[1:])
     _pyplot().close(fig)
     return path
 

@@ -162,9 +162,11 @@ def cmd_map(args) -> int:
     for layer, acc in zip(result.layers, result.knn_accuracy):
         print(f"{layer:>5}  {acc:.4f}")
     if json_path is not None:
-        json_path.write_text(json.dumps({"layers": result.layers, "labels": result.labels, "method": result.method,
-                                         "seed": result.seed, "knn_accuracy": result.knn_accuracy,
-                                         "coords": result.coords.round(5).tolist()}) + "\n", encoding="utf-8")
+        from ..textfiles import write_text_atomic
+
+        write_text_atomic(json_path, json.dumps({"layers": result.layers, "labels": result.labels, "method": result.method,
+                                                 "seed": result.seed, "knn_accuracy": result.knn_accuracy,
+                                                 "coords": result.coords.round(5).tolist()}) + "\n")
         print(f"wrote {json_path}")
     print(f"wrote {maps.plot_stack_map(result, plot)}")
     return 0

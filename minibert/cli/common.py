@@ -111,10 +111,13 @@ def columns_option(tags: bool = True) -> argparse.ArgumentParser:
 
 def training_options(epochs: int, batch_size: int, lr_help: str, lr_default: float | None = None,
                      max_length: int = 128) -> list[argparse.ArgumentParser]:
-    """Epochs, learning rate, batch size, max length, seed: what every training command takes."""
+    """Epochs, learning rate, batch size, max length, seed, resume: what every training command takes."""
     p = _parent()
     p.add_argument("--epochs", type=positive_int, default=epochs)
     p.add_argument("--lr", type=positive_float, default=lr_default, help=lr_help)
+    p.add_argument("--resume", action="store_true",
+                   help="continue an unfinished run in --out from its last finished epoch (same settings); "
+                        "it ends as the uninterrupted run would have")
     return [p, batch_size_option(batch_size), max_length_option(max_length), seed_option()]
 
 
@@ -131,6 +134,7 @@ def load(model_source: str, dtype=None, max_length=None):
     from ..tokenizer import BertTokenizer
 
     model, tokenizer = BertModel.from_pretrained(model_source, dtype=dtype), BertTokenizer.from_pretrained(model_source)
+    tokenizer.check_fits(model.config, model_source)
     if max_length is not None:
         check_max_length("--max-length", max_length, model_limit(model.config, tokenizer))
     return model, tokenizer

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..textfiles import atomic_file, write_text_atomic
 from ..checks import check_max_length, model_limit
 from .common import (MODEL_HELP, batch_size_option, blank_line_error, load, max_length_option, model_option,
                      output_file, positive_int, quiet_option, read_lines, report_truncation, tokenize)
@@ -162,7 +163,8 @@ def cmd_embed(args) -> int:
     array = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
     array[todo] = vectors.numpy()
     report_truncation(truncated, len(texts), limit, what="line")
-    np.save(out_path, array)
+    with atomic_file(out_path) as tmp, open(tmp, "wb") as f:  # the old file or the new one, whatever kills us
+        np.save(f, array)
     skipped = sorted(skip)
     zeros = f"; {len(skipped)} blank line(s) are rows of zeros" if skipped else ""
     print(f"wrote {out_path}: {array.shape[0]} texts x {array.shape[1]} dims ({described}){zeros}")
@@ -280,9 +282,11 @@ def cmd_search(args) -> int:
                           what="line")
         matrix[keep] = encoder.encode([lines[i] for i in keep], batch_size=args.batch_size or 32,
                                       show_progress_bar=not args.quiet)
-        if index is not None:
-            np.save(index, matrix)
-            meta_file.write_text(json.dumps({**record, "dims": dims}, indent=2) + "\n", encoding="utf-8")
+        if index is not None:  # old record gone, matrix, new record: a kill in between leaves no record (rebuilt)
+            meta_file.unlink(missing_ok=True)
+            with atomic_file(index) as tmp, open(tmp, "wb") as f:
+                np.save(f, matrix)
+            write_text_atomic(meta_file, json.dumps({**record, "dims": dims}, indent=2) + "\n")
             print(f"minibert: saved the index to {index} and what it was made from to {meta_file.name}",
                   file=sys.stderr)
     queries = encoder.encode(args.queries)

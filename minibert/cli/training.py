@@ -37,7 +37,8 @@ def cmd_finetune(args) -> int:
     from ..training.loop import FitConfig
     from ..training.pipelines.finetune import finetune
 
-    config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
+    config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
+                       resume=args.resume)
     history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
                        pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
                        recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
@@ -85,6 +86,7 @@ def cmd_predict(args) -> int:
     else:
         model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
     tokenizer = BertTokenizer.from_pretrained(args.checkpoint)
+    tokenizer.check_fits(model.config, args.checkpoint)
     limit = model_limit(model.config, tokenizer)
     max_length = limit if args.max_length is None else check_max_length("--max-length", args.max_length, limit)
     texts = [lines[i] for i in todo]
@@ -186,7 +188,8 @@ def cmd_distill(args) -> int:
                 raise InputError(message)
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
     lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
-    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet)
+    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
+                       resume=args.resume)
     out = output_dir(args.out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     if args.train is not None:
@@ -242,7 +245,7 @@ def cmd_exits(args) -> int:
     from ..training.loop import FitConfig
 
     lr = args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3)
-    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet)
+    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet, resume=args.resume)
     table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
                         batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,
                         label_column=args.label_column, rounds=args.rounds,

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
-from ..hookpoints import HookPoint
+from ..hookpoints import HookPoint, registered
 from ..loading import normalise_name, tensor_map
 from ..model import BertModel as TextbookBertModel
 from ..model import Block, Embeddings, Encoder
@@ -185,14 +185,8 @@ class LayerNamedEncoder(_Aliases, Encoder):
 @contextmanager
 def hooks_at(point: HookPoint, fn):
     """``fn`` registered at one hook point for the ``with`` block (the embeddings' own inputs_embeds)."""
-    entry = ("embeddings.word", fn)
-    point.fns.append(entry)
-    HookPoint.registered += 1
-    try:
+    with registered([(point, "embeddings.word", fn)]):
         yield
-    finally:
-        HookPoint.registered -= 1
-        point.fns.remove(entry)
 
 
 def _name_as_transformers(model) -> None:

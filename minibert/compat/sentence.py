@@ -41,6 +41,7 @@ from ..loading import MODEL_FILES, TOKENIZER_FILES, resolve_source
 from ..models import BertModel
 from ..tokenizer import BertTokenizer
 from ..tools.encode import encode_ids
+from ..textfiles import atomic_dir, field, inside, read_json
 from ..tools.pooling import POOLING_MODES, pool  # noqa: F401  (pool: sentence-transformers' modes, re-exported)
 # pooling config.json's older spelling: one boolean per mode, in this order
 _LEGACY_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
@@ -65,24 +66,27 @@ def _lowercase_first(tokenizer_json: Path) -> bool:
     do_lower_case), which BertTokenizer's own settings do not express."""
     if not tokenizer_json.exists():
         return False
-    normalizer = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("normalizer") or {}
-    return normalizer.get("type") == "Sequence" and any(
-        n.get("type") == "Lowercase" for n in normalizer.get("normalizers", []))
+    normalizer = read_json(tokenizer_json).get("normalizer") or {}
+    steps = normalizer.get("normalizers") if isinstance(normalizer, dict) else None
+    return normalizer.get("type") == "Sequence" and isinstance(steps, list) and any(
+        isinstance(n, dict) and n.get("type") == "Lowercase" for n in steps)
 
 
 def read_pooling_config(path: Path) -> list[str]:
     """The modes of a ``1_Pooling/config.json``: ``pooling_mode`` (a name or a list; sentence-transformers
     >= 5) or the older booleans ``pooling_mode_*_tokens`` (mean when none is set)."""
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = read_json(path)
     if "pooling_mode" in config:
-        modes = config["pooling_mode"]
+        modes = field(config, "pooling_mode", (str, list), path)
         modes = [modes] if isinstance(modes, str) else list(modes)
     else:
-        modes = [mode for key, mode in _LEGACY_KEYS.items() if config.get(key)] or ["mean"]
+        modes = [mode for key, mode in _LEGACY_KEYS.items() if field(config, key, (bool, None), path, False)] or ["mean"]
     for mode in modes:
-        if mode not in POOLING_MODES:
+        if not isinstance(mode, str) or mode not in POOLING_MODES:
             raise CheckpointError(f"{path}: pooling mode {mode!r} is not one of {', '.join(POOLING_MODES)}")
-    if config.get("include_prompt") is False:
+    if not modes:
+        raise CheckpointError(f"{path}: pooling_mode names no mode")
+    if field(config, "include_prompt", (bool, None), path, None) is False:
         raise CheckpointError(f"{path}: include_prompt=false (prompt tokens left out of pooling) is not supported")
     return modes
 
@@ -102,6 +106,7 @@ class SentenceEncoder:
         if max_seq_length is None:
             max_seq_length = min(tokenizer.model_max_length, model.config.max_position_embeddings)
         check_index("max_seq_length", max_seq_length, 3, model.config.max_position_embeddings, "the model's positions")
+        tokenizer.check_fits(model.config, source)
         self.model, self.tokenizer = model, tokenizer
         self.pooling, self.normalize = pooling, bool(normalize)
         self.max_seq_length, self.do_lower_case = max_seq_length, bool(do_lower_case)
@@ -116,20 +121,29 @@ class SentenceEncoder:
         if not modules_file.exists():
             model = BertModel.from_pretrained(folder, dtype=dtype, device=device, mlm_head=False)
             return cls(model, BertTokenizer.from_pretrained(folder), source=str(folder))
-        modules = json.loads(modules_file.read_text(encoding="utf-8"))
-        kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+        modules = read_json(modules_file, list)
+        for i, module in enumerate(modules):
+            if not isinstance(module, dict):
+                raise CheckpointError(f"{modules_file}: entry {i} must be an object (idx, name, path, type), got {module!r}")
+            field(module, "type", str, f"{modules_file} (entry {i})")
+            field(module, "path", str, f"{modules_file} (entry {i})", default="")
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
         if not kinds or kinds[0] != "Transformer" or any(k not in ("Transformer", "Pooling", "Normalize") for k in kinds) \
                 or kinds.count("Transformer") != 1 or kinds.count("Pooling") > 1:
             raise CheckpointError(f"{modules_file}: modules {kinds}; minibert reads Transformer, then Pooling and "
                                   "Normalize (unsupported: " + ", ".join(sorted({m.get('type', '?') for m, k in zip(modules, kinds)
                                                                                  if k not in ('Transformer', 'Pooling', 'Normalize')}) or ["the order"]) + ")")
-        base = folder / modules[0].get("path", "")
+        # module paths are folders of this one: ../elsewhere, absolute paths and links out are refused
+        base = inside(folder, modules[0].get("path", ""), str(modules_file))
         settings = {}
         if (base / "sentence_bert_config.json").exists():
-            settings = json.loads((base / "sentence_bert_config.json").read_text(encoding="utf-8"))
+            where = base / "sentence_bert_config.json"
+            settings = read_json(where)
+            field(settings, "max_seq_length", (int, None), where, None)
+            field(settings, "do_lower_case", (bool, None), where, None)
         pooling = ["mean"]
         if "Pooling" in kinds:
-            pooling_dir = folder / modules[kinds.index("Pooling")]["path"]
+            pooling_dir = inside(folder, modules[kinds.index("Pooling")].get("path", ""), str(modules_file))
             if not (pooling_dir / "config.json").exists():
                 raise CheckpointError(f"{pooling_dir / 'config.json'} is missing (modules.json names a Pooling module)")
             pooling = read_pooling_config(pooling_dir / "config.json")
@@ -157,7 +171,6 @@ class SentenceEncoder:
         version reads). ``SentenceEncoder.from_pretrained`` and ``SentenceTransformer`` then pool, truncate
         and normalise as this encoder does. Returns the files written."""
         directory = Path(directory)
-        (directory / "1_Pooling").mkdir(parents=True, exist_ok=True)
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
         if self.normalize:
@@ -173,8 +186,10 @@ class SentenceEncoder:
                  "sentence_bert_config.json": {"max_seq_length": self.max_seq_length, "do_lower_case": self.do_lower_case},
                  "1_Pooling/config.json": {"word_embedding_dimension": self.model.config.hidden_size, **pooling,
                                            "include_prompt": True}}
-        for name, content in files.items():
-            (directory / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        with atomic_dir(directory) as tmp:  # all of them, or the folder as it was
+            (tmp / "1_Pooling").mkdir()
+            for name, content in files.items():
+                (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
         return list(files)
 
     def as_backend(self, library: str = "keybert"):

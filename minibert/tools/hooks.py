@@ -26,7 +26,7 @@ from typing import Iterable
 import torch
 
 from ..errors import InputError
-from ..hookpoints import HookFn, HookPoint
+from ..hookpoints import HookFn, HookPoint, registered, visible
 
 # (name, shape, token axis, description, TransformerLens HookedEncoder name, TransformerBridge name). Block
 # points are relative to blocks.i. Documentation and the token axis for patching; the names themselves come
@@ -124,8 +124,8 @@ def hook_point_names(model) -> list[str]:
 def has_hooks(model) -> bool:
     """Whether any function is registered at any point of ``model`` (a ``hooks`` block is open). Free
     when nothing anywhere is hooked. (torch's own module hooks: ``HookPoint.torch_hooked``.)"""
-    return HookPoint.registered > 0 and any(fn is not None for point in hook_points(model).values()
-                                            for _, fn in point.fns)
+    return HookPoint.registered > 0 and any(visible(fn) for point in hook_points(model).values()
+                                            for _, fn in tuple(point.fns))
 
 
 def expand_names(model, patterns: str | Iterable[str]) -> list[str]:
@@ -156,29 +156,20 @@ def expand_names(model, patterns: str | Iterable[str]) -> list[str]:
 def hooks(model, fns: dict[str, "HookFn | list[HookFn]"]):
     """``with hooks(model, {"blocks.3.attn.probs": fn}): model(**batch)`` -- register ``fn(x, name)`` at
     named points or patterns for the ``with`` block; removed on exit, also when the block raises. Hooks
-    belong to the model object: they apply to every forward call made while the block is open."""
+    apply to the forward calls made in this thread (this ``contextvars`` context) while the block is open;
+    other threads running the same model meanwhile see none of them (``hookpoints.registered``)."""
     if not isinstance(fns, dict):
         raise TypeError(f"hooks takes a dict {{point name or pattern: function}}, got {type(fns).__name__}")
     points = hook_points(model)
-    added: list[tuple[HookPoint, tuple[str, HookFn]]] = []
-    try:
-        for pattern, value in fns.items():
-            value = list(value) if isinstance(value, (list, tuple)) else [value]
-            for fn in value:
-                if not callable(fn):
-                    raise TypeError(f"the hook for {pattern!r} is not callable: {fn!r}")
-            for name in expand_names(model, pattern):
-                for fn in value:
-                    entry = (name, fn)
-                    points[name].fns.append(entry)
-                    added.append((points[name], entry))
-                    HookPoint.registered += 1
+    entries = []
+    for pattern, value in fns.items():
+        value = list(value) if isinstance(value, (list, tuple)) else [value]
+        for fn in value:
+            if not callable(fn):
+                raise TypeError(f"the hook for {pattern!r} is not callable: {fn!r}")
+        entries += [(points[name], name, fn) for name in expand_names(model, pattern) for fn in value]
+    with registered(entries):
         yield model
-    finally:
-        for point, entry in reversed(added):
-            HookPoint.registered -= 1
-            if entry in point.fns:
-                point.fns.remove(entry)
 
 
 class ActivationCache(dict):

@@ -230,10 +230,13 @@ class EarlyExit(nn.Module):
 
     def save_pretrained(self, directory) -> None:
         """The classifier's checkpoint (transformers loads it as a plain classifier) and the ramps beside it
-        in ``early_exits.safetensors``."""
-        self.model.save_pretrained(directory)
-        save_file({k: v.detach().contiguous() for k, v in self.ramps.state_dict().items()},
-                  Path(directory) / self.EXITS_FILE, metadata={"pooling": self.pooling})
+        in ``early_exits.safetensors``, written together (``textfiles.atomic_dir``: a kill leaves the old pair)."""
+        from ..textfiles import atomic_dir
+
+        with atomic_dir(directory) as tmp:
+            self.model.save_pretrained(tmp)
+            save_file({k: v.detach().contiguous() for k, v in self.ramps.state_dict().items()},
+                      tmp / self.EXITS_FILE, metadata={"pooling": self.pooling})
 
     @classmethod
     def from_pretrained(cls, directory) -> "EarlyExit":

@@ -189,7 +189,10 @@ def save_adapters(model: nn.Module, path) -> None:
     hundred KB instead of the whole model."""
     from safetensors.torch import save_file
 
-    save_file({name: t.contiguous() for name, t in adapter_state(model).items()}, str(path))
+    from ..textfiles import atomic_file
+
+    with atomic_file(path) as tmp:
+        save_file({name: t.contiguous() for name, t in adapter_state(model).items()}, str(tmp))
 
 
 def load_adapters(model: nn.Module, path) -> nn.Module:

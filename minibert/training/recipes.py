@@ -88,12 +88,17 @@ class ScalarMixClassifier(nn.Module):
     _predicting = BertForSequenceClassification._predicting
 
     def save_pretrained(self, directory) -> None:
-        self.bert.save_pretrained(directory)
-        self.config.to_json_file(Path(directory) / "config.json")  # the encoder's config, with id2label
-        save_file({name: p.detach().contiguous() for name, p in
-                   [("mix.scalar_parameters", self.mix.scalar_parameters), ("mix.gamma", self.mix.gamma),
-                    ("classifier.weight", self.classifier.weight), ("classifier.bias", self.classifier.bias)]},
-                  Path(directory) / self.HEAD_FILE)
+        """The encoder's checkpoint, its config with id2label, and the mix and head beside it, written
+        together (``textfiles.atomic_dir``: a kill leaves the old checkpoint whole)."""
+        from ..textfiles import atomic_dir
+
+        with atomic_dir(directory) as tmp:
+            self.bert.save_pretrained(tmp)
+            self.config.to_json_file(tmp / "config.json")  # the encoder's config, with id2label
+            save_file({name: p.detach().contiguous() for name, p in
+                       [("mix.scalar_parameters", self.mix.scalar_parameters), ("mix.gamma", self.mix.gamma),
+                        ("classifier.weight", self.classifier.weight), ("classifier.bias", self.classifier.bias)]},
+                      tmp / self.HEAD_FILE)
 
     @classmethod
     def from_pretrained(cls, directory):

@@ -98,6 +98,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
         teacher = BertModel.from_pretrained(teacher_source, mlm_head=False).eval()
         tokenizer = BertTokenizer.from_pretrained(teacher_source)
     pooling, normalize = pooling or "mean", bool(normalize)
+    tokenizer.check_fits(teacher.config, str(teacher_source))
     if max_length is not None:
         check_max_length("max_length (--max-length)", max_length, model_limit(teacher.config, tokenizer))
     blocks = list(student_blocks) if student_blocks is not None else default_blocks(teacher.config.num_hidden_layers)

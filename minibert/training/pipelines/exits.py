@@ -9,6 +9,7 @@ import json
 
 from ...loading import copy_tokenizer
 from ...models.heads import BertForSequenceClassification
+from ...textfiles import write_text_atomic
 from ...tokenizer import BertTokenizer
 from ..depth import EarlyExit, curve_table, exit_accuracies, exit_curve
 from ..loop import FitConfig, epoch_reporter, fit
@@ -48,8 +49,8 @@ def train_exits(model_source, train_path, eval_path, out_dir, *, joint: bool = F
     best = EarlyExit.from_pretrained(out_dir)
     copy_tokenizer(model_source, out_dir)
     rows = exit_curve(best, tokenizer, held.texts, held.labels, rounds=rounds, max_length=max_length)
-    (out_dir / "exits.json").write_text(json.dumps({
+    write_text_atomic(out_dir / "exits.json", json.dumps({
         "joint": joint, "best_epoch": history.best_epoch,
         "exit_accuracy": exit_accuracies(best, tokenizer, held.texts, held.labels, max_length=max_length),
-        "curve": rows}, indent=2) + "\n", encoding="utf-8")
+        "curve": rows}, indent=2) + "\n")
     return curve_table(rows)

@@ -25,8 +25,10 @@ def check_out_dir(out_dir) -> Path:
 
 
 def check_length(model, tokenizer, data: "TaskData", max_length: int) -> int:
-    """``max_length`` checked against the model (``checks.check_max_length``), and a warning saying how many
-    rows it truncates (``TaskData.truncation_note``)."""
+    """``max_length`` checked against the model (``checks.check_max_length``), the tokenizer against the
+    model's vocabulary (``check_fits``), and a warning saying how many rows it truncates
+    (``TaskData.truncation_note``)."""
+    tokenizer.check_fits(model.config)
     check_max_length("max_length (--max-length)", max_length, model_limit(model.config, tokenizer))
     note = data.truncation_note(tokenizer, max_length)
     if note is not None:
