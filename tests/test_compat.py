@@ -175,7 +175,7 @@ def test_bert_score_runs_on_minibert_with_transformers_scores(minilm_dir, monkey
 
 
 def test_surface_table_is_documented_and_true(models, minilm_dir):
-    doc = open(os.path.join(ROOT, "docs", "transformers-compat.md"), encoding="utf-8").read()
+    doc = open(os.path.join(ROOT, "docs", "reference", "transformers-compat.md"), encoding="utf-8").read()
     assert compat_hf.surface_markdown() in doc
     ours, _, tok = models
     for name in ("get_input_embeddings", "set_input_embeddings", "get_output_embeddings", "num_parameters",

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -229,8 +227,10 @@ def test_bf16_fast_path_error_is_bounded_by_transformers_own(minilm_dir, minilm)
     assert mine <= 2 * theirs, (mine, theirs)
 
 
-def test_readable_model_compiles_without_graph_breaks(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # removed with tmp_path, not left in /tmp
+def test_readable_model_compiles_without_graph_breaks():
+    """fullgraph=True through dynamo and AOTAutograd (``aot_eager``: the whole forward traced and
+    functionalised as inductor would receive it). Inductor's own C++ code generation is torch's to test;
+    it costs ~25 s of compiling on a fresh machine, and ``benchmarks/bench_model.py --compile`` runs it."""
     config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64)
     model = BertModel(config).eval()
@@ -239,22 +239,10 @@ def test_readable_model_compiles_without_graph_breaks(tmp_path, monkeypatch):
     mask[1, 5:] = 0
     explanation = torch._dynamo.explain(model)(ids, mask)
     assert explanation.graph_break_count == 0, explanation.break_reasons
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler for inductor; the graph-break check above still ran")
     torch._dynamo.reset()
-    from torch._inductor import codecache
-
-    headers = Path(codecache._HEADER_DIR)  # inductor's precompiled headers (~150 MB) ignore the cache dir
-    existed = headers.exists()
-    compiled = torch.compile(model, fullgraph=True)
-    try:
-        with torch.no_grad():
-            a, b = compiled(ids, mask), model(ids, mask)
-    finally:
-        if not existed:  # written by this test: removed, as everything a test writes
-            shutil.rmtree(headers, ignore_errors=True)
-            if headers.parent.exists() and not any(headers.parent.iterdir()):
-                headers.parent.rmdir()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        a, b = compiled(ids, mask), model(ids, mask)
     floor = fp32_noise_floor(model, {"input_ids": ids, "attention_mask": mask})
     assert (a.last_hidden_state - b.last_hidden_state)[mask.bool()].abs().max() <= FACTOR * floor
 

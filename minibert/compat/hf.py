@@ -16,7 +16,7 @@ are hooks at the model's own hook points (``embeddings.word``, ``blocks.i.attn.p
 has no branch for them.
 
 ``TRANSFORMERS_SURFACE`` lists which of transformers' BertModel attributes this covers and which not
-(docs/transformers-compat.md is made from it and a test holds the two together).
+(docs/reference/transformers-compat.md is made from it and a test holds the two together).
 """
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ class TransformersBertModel(BertModel):
 
 
 #: transformers' BertModel attributes (beyond torch.nn.Module's) and BertTokenizerFast's that callers use:
-#: (name, covered, note). docs/transformers-compat.md is generated from it; tests check each "yes".
+#: (name, covered, note). docs/reference/transformers-compat.md is generated from it; tests check each "yes".
 TRANSFORMERS_SURFACE = {
     "BertModel": [
         ("forward(input_ids, attention_mask, token_type_ids, position_ids)", True, "the readable path"),
@@ -428,7 +428,7 @@ TRANSFORMERS_SURFACE = {
 
 
 def surface_markdown() -> str:
-    """The table of docs/transformers-compat.md."""
+    """The table of docs/reference/transformers-compat.md."""
     lines = []
     for cls, rows in TRANSFORMERS_SURFACE.items():
         lines += [f"### {cls}", "", "| attribute or call | covered | note |", "|---|---|---|"]

@@ -84,7 +84,7 @@ def point_table(num_blocks: int, with_pooler: bool = True) -> list[tuple[str, st
 
 
 def markdown_table() -> str:
-    """The README's table of points (a test keeps the two equal)."""
+    """The table of points on docs/reference/hooks.md (tools/gen_docs.py writes it; a test keeps the two equal)."""
     rows = ["| point | shape | what it is | TransformerLens HookedEncoder | TransformerLens TransformerBridge |",
             "|---|---|---|---|---|"]
 
