@@ -30,6 +30,9 @@ PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h
 CONVERT_HINT = ("convert it to safetensors first: python weights/convert_to_safetensors.py {path} "
                 "(it reads the pickle with torch.load(weights_only=True), so no code in it runs)")
 
+#: what a checkpoint save replaces in its folder: old weights (one file or shards) never outlive a save
+CHECKPOINT_FILES = ("config.json", "model*.safetensors", INDEX_FILE, *PICKLE_FILES)
+
 #: files fetched from the hub for a model (tokenizer files come along: they are small)
 MODEL_FILES = ["config.json", WEIGHT_FILE, INDEX_FILE, "model-*-of-*.safetensors",
                "vocab.txt", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json"]
@@ -403,7 +406,7 @@ def save_model(model, directory) -> None:
     architecture = type(model).__name__ if task else ("BertForMaskedLM" if mlm else "BertModel")
     # config.json and the weights go in together: a process killed mid-save leaves the old checkpoint
     # whole (or none), never new weights beside an old config (textfiles.atomic_dir)
-    with atomic_dir(directory) as tmp:
+    with atomic_dir(directory, replaced=CHECKPOINT_FILES) as tmp:
         model.config.to_json_file(tmp / "config.json", architectures=(architecture,))  # which class it is
         save_file(state, tmp / WEIGHT_FILE, metadata={"format": "pt"})
 

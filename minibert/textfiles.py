@@ -7,13 +7,14 @@ must be (``InputError``)."""
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
-
-from contextlib import contextmanager
 
 from .errors import InputError, missing_extra, not_found
 
@@ -306,11 +307,14 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _carry_over(old: Path, new: Path) -> None:
-    """Put into ``new`` every file of ``old`` that ``new`` has not got (hard links, copies where links
-    cannot be made): the files other writers keep in the folder (a tokenizer, metrics) survive."""
+def _carry_over(old: Path, new: Path, replaced=()) -> None:
+    """Put into ``new`` every file of ``old`` that ``new`` has not got and no ``replaced`` pattern names
+    (hard links, copies where links cannot be made): the files other writers keep in the folder (a
+    tokenizer, metrics) survive; stale files of the writer's own kind (an old shard) do not."""
     for item in old.iterdir():
         target = new / item.name
+        if any(fnmatch.fnmatch(item.name, pattern) for pattern in replaced):
+            continue
         if item.is_dir() and not item.is_symlink():
             target.mkdir(exist_ok=True)
             _carry_over(item, target)
@@ -324,7 +328,7 @@ def _carry_over(old: Path, new: Path) -> None:
 def _remove_stale(path: Path) -> None:
     """Delete what earlier writes to ``path`` left beside it when their process was killed mid-way: the
     ``.<name>.<pid>.*.tmp`` folders of processes that no longer run."""
-    for item in path.parent.glob(f".{glob_escape(path.name)}.*.tmp*"):
+    for item in path.parent.glob(f".{glob.escape(path.name)}.*.tmp*"):
         parts = item.name[len(path.name) + 2:].split(".", 1)
         if not parts[0].isdigit() or int(parts[0]) == os.getpid():
             continue
@@ -337,22 +341,18 @@ def _remove_stale(path: Path) -> None:
             continue
 
 
-def glob_escape(name: str) -> str:
-    import glob
-
-    return glob.escape(name)
-
-
 @contextmanager
-def atomic_dir(path):
+def atomic_dir(path, replaced=()):
     """Write the files of folder ``path`` so that a process killed at any moment leaves either the old
     folder's content or the new one, never a mix: the caller writes into the temporary folder this yields
     (beside ``path``, named ``.<name>.<pid>.<random>.tmp``); on success the old folder's other files are
     linked in, every file is flushed to the disk, and the two folders are swapped in one step
     (``renameat2`` with ``RENAME_EXCHANGE`` on Linux; elsewhere two renames, a window of microseconds); the
-    old content is then deleted. A write killed half-way leaves its temporary folder, which the next write
-    to the same path deletes once its process is gone. The parent folder is created when missing, as
-    ``save_pretrained`` always did."""
+    old content is then deleted. ``replaced``: name patterns of the old folder's files that the new
+    content replaces whether or not it has them (``model*.safetensors`` for a checkpoint: an old shard is
+    not kept beside a new single file). A write killed half-way leaves its temporary folder, which the next
+    write to the same path deletes once its process is gone. The parent folder is created when missing,
+    as ``save_pretrained`` always did."""
     import tempfile
 
     path = Path(path)
@@ -364,7 +364,7 @@ def atomic_dir(path):
     try:
         yield tmp
         if path.is_dir():
-            _carry_over(path, tmp)
+            _carry_over(path, tmp, replaced)
         for root, _, files in os.walk(tmp):
             for name in files:
                 _fsync(Path(root) / name)

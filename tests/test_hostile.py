@@ -500,3 +500,27 @@ def test_hooks_are_seen_only_by_the_thread_that_opened_them(folder):
     stop.set()
     other.join()
     assert failures == []
+
+
+def test_a_save_keeps_the_folders_other_files_and_drops_old_weights(folder, tmp_path):
+    """save_pretrained swaps the whole folder: the tokenizer and metrics other writers put there are kept
+    (linked over), an old sharded checkpoint is not (it would sit beside the new single file)."""
+    from safetensors.torch import load_file, save_file
+
+    target = tmp_path / "out"
+    shutil.copytree(folder, target)
+    tensors = load_file(target / "model.safetensors")
+    (target / "model.safetensors").unlink()
+    names = sorted(tensors)
+    save_file({n: tensors[n] for n in names[::2]}, target / "model-00001-of-00002.safetensors")
+    save_file({n: tensors[n] for n in names[1::2]}, target / "model-00002-of-00002.safetensors")
+    (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        n: f"model-0000{1 + i % 2}-of-00002.safetensors" for i, n in enumerate(names)}}))
+    (target / "metrics.json").write_text("{}")
+    model = BertModel.from_pretrained(target)  # the sharded one loads
+    model.save_pretrained(target)
+    kept = sorted(p.name for p in target.iterdir())
+    assert "model.safetensors" in kept and not [n for n in kept if n.startswith("model-") or n.endswith("index.json")]
+    assert {"vocab.txt", "tokenizer_config.json", "metrics.json", "modules.json", "1_Pooling"} <= set(kept)
+    SentenceEncoder.from_pretrained(target).encode(["a b"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left

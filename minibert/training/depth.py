@@ -231,9 +231,10 @@ class EarlyExit(nn.Module):
     def save_pretrained(self, directory) -> None:
         """The classifier's checkpoint (transformers loads it as a plain classifier) and the ramps beside it
         in ``early_exits.safetensors``, written together (``textfiles.atomic_dir``: a kill leaves the old pair)."""
+        from ..loading import CHECKPOINT_FILES
         from ..textfiles import atomic_dir
 
-        with atomic_dir(directory) as tmp:
+        with atomic_dir(directory, replaced=CHECKPOINT_FILES) as tmp:
             self.model.save_pretrained(tmp)
             save_file({k: v.detach().contiguous() for k, v in self.ramps.state_dict().items()},
                       tmp / self.EXITS_FILE, metadata={"pooling": self.pooling})

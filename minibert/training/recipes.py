@@ -90,9 +90,10 @@ class ScalarMixClassifier(nn.Module):
     def save_pretrained(self, directory) -> None:
         """The encoder's checkpoint, its config with id2label, and the mix and head beside it, written
         together (``textfiles.atomic_dir``: a kill leaves the old checkpoint whole)."""
+        from ..loading import CHECKPOINT_FILES
         from ..textfiles import atomic_dir
 
-        with atomic_dir(directory) as tmp:
+        with atomic_dir(directory, replaced=CHECKPOINT_FILES) as tmp:
             self.bert.save_pretrained(tmp)
             self.config.to_json_file(tmp / "config.json")  # the encoder's config, with id2label
             save_file({name: p.detach().contiguous() for name, p in
