@@ -23,7 +23,8 @@ from .errors import CheckpointError, InputError, MissingExtra
 
 _LAZY = {"BertConfig": ".config", "BertModel": ".models.bert", "BertOutput": ".model", "BertTokenizer": ".tokenizer",
          "BertForSequenceClassification": ".models.heads", "BertForTokenClassification": ".models.heads",
-         "BertForQuestionAnswering": ".models.heads"}
+         "BertForQuestionAnswering": ".models.heads", "BertForMaskedLM": ".models.pretraining",
+         "BertForPreTraining": ".models.pretraining"}
 
 #: modules that moved: old name -> new place. Importing an old name warns (DeprecationWarning) and gives
 #: the module at its new place (the same object).
@@ -46,7 +47,8 @@ def moved(old: str, new: str, stacklevel: int = 3) -> str:
     return new
 
 __all__ = ["BertConfig", "BertModel", "BertOutput", "BertTokenizer", "BertForSequenceClassification",
-           "BertForTokenClassification", "BertForQuestionAnswering", "CheckpointError", "InputError", "MissingExtra"]
+           "BertForTokenClassification", "BertForQuestionAnswering", "BertForMaskedLM", "BertForPreTraining",
+           "CheckpointError", "InputError", "MissingExtra"]
 __version__ = "0.1.0"
 
 

@@ -309,6 +309,30 @@ def load_model(cls, source, *, revision=None, dtype=None, device=None, mlm_head=
     return _take(model, state, dtype, device, path, skipped)
 
 
+def load_pretraining_model(cls, source, *, revision=None, dtype=None, device=None):
+    """An encoder of class ``cls`` with its masked-LM head when the checkpoint has one, and the
+    next-sentence head's tensors (``cls.seq_relationship.{weight,bias}``, shapes checked) or None: what
+    ``BertForMaskedLM`` / ``BertForPreTraining`` start from. Everything else is as strict as ``load_model``."""
+    path = resolve_source(source, revision=revision)
+    config_path, weight_files = find_checkpoint(path)
+    config = BertConfig.from_json_file(config_path)
+    tensors = read_checkpoint(weight_files)
+    nsp = {normalise_name(n).rsplit(".", 1)[1]: tensors.pop(n) for n in list(tensors)
+           if normalise_name(n).startswith("cls.seq_relationship.")}
+    if nsp:
+        expected = {"weight": (2, config.hidden_size), "bias": (2,)}
+        wrong = [f"cls.seq_relationship.{k}: {tuple(nsp[k].shape) if k in nsp else 'missing'}, config {shape}"
+                 for k, shape in expected.items() if k not in nsp or tuple(nsp[k].shape) != shape]
+        if wrong or set(nsp) != set(expected):
+            raise CheckpointError(f"{path}: the next-sentence head does not fit: {', '.join(wrong) or sorted(nsp)}")
+        check_finite(nsp, {}, str(path))
+    state, has_pooler, has_head, skipped = match_checkpoint(config, tensors, where=str(path), mlm_head=None)
+    del tensors
+    with torch.device("meta"):
+        model = cls(config, add_pooler=has_pooler, add_mlm_head=has_head)
+    return _take(model, state, dtype, device, path, skipped), (nsp or None)
+
+
 def head_map(config: BertConfig, prefix: str, attribute: str, out_features: int):
     """A task head's tensors as (checkpoint name, our name, shape): ``classifier.*`` or ``qa_outputs.*``."""
     H = config.hidden_size

@@ -14,11 +14,12 @@
     minibert distill --teacher T --out DIR --texts corpus.txt [--student-blocks 0,2,4]      (sentence embeddings)
     minibert distill --teacher FINETUNED --out DIR --train train.csv --eval test.csv [--task classify|tag]
     minibert exits --model FINETUNED --train train.csv --eval test.csv --out DIR [--joint]        (early exit)
+    minibert pretrain --corpus FILE... --out DIR (--model M | --geometry mini --vocab FOLDER) --steps N   (MLM)
 
     cli/common.py     options written once (parent parsers), loading, truncation reports, file checks
     cli/encoding.py   encode, embed, search
     cli/analysis.py   layers, probe, map, fill, parity, inspect
-    cli/training.py   finetune, predict, distill, exits
+    cli/training.py   finetune, predict, distill, exits, pretrain
 
 A new command: an ``add_<name>(sub)`` that builds its sub-parser (shared options from ``common``) and sets
 ``func``, then ``cmd_<name>(args)`` right below it, calling library functions; list ``add_<name>`` in its
@@ -46,7 +47,7 @@ from .common import DEFAULT_MODEL, read_lines  # noqa: F401  (public: minibert.c
 #: the order ``minibert --help`` lists them in
 COMMANDS = [encoding.add_encode, analysis.add_layers, analysis.add_probe, encoding.add_embed, encoding.add_search,
             analysis.add_inspect, analysis.add_parity, analysis.add_fill, training.add_finetune,
-            training.add_distill, training.add_exits, analysis.add_map, training.add_predict]
+            training.add_distill, training.add_exits, analysis.add_map, training.add_predict, training.add_pretrain]
 assert set(COMMANDS) == set(encoding.COMMANDS + analysis.COMMANDS + training.COMMANDS), "a command left unlisted"
 
 

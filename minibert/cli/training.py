@@ -9,8 +9,9 @@ from pathlib import Path
 
 from ..errors import InputError, not_found
 from ..checks import check_max_length, model_limit
-from .common import (batch_size_option, columns_option, max_length_option, model_option, output_dir, positive_int,
-                     quiet_option, read_lines, report_truncation, training_options)
+from .common import (batch_size_option, columns_option, max_length_option, model_option, non_negative_float,
+                     output_dir, positive_float, positive_int, quiet_option, read_lines, report_truncation, seed_option,
+                     training_options)
 
 
 # ----------------------------------------------------------------------------------------- finetune
@@ -255,4 +256,70 @@ def cmd_exits(args) -> int:
     return 0
 
 
-COMMANDS = [add_finetune, add_distill, add_exits, add_predict]
+# ----------------------------------------------------------------------------------------- pretrain
+def add_pretrain(sub) -> None:
+    p = sub.add_parser("pretrain", help="pre-train a BERT with its own objective (masked LM, optionally next "
+                                        "sentence): from scratch or continued", parents=[seed_option(), quiet_option()])
+    p.add_argument("--corpus", nargs="+", required=True, help="text files (a document per line, or documents "
+                   "separated by blank lines), .jsonl files (a 'text' field) or folders of them")
+    p.add_argument("--out", required=True, help="folder for the model, checkpoints/, log.jsonl and the token store")
+    start = p.add_argument_group("the model (one of)")
+    start.add_argument("--model", help="continue pre-training this checkpoint (its geometry and vocabulary)")
+    start.add_argument("--geometry", choices=["tiny", "mini", "small", "medium", "base"],
+                       help="from scratch: a BERT miniature (Turc et al. 2019): 2x128, 4x256, 4x512, 8x512, 12x768")
+    start.add_argument("--layers", type=positive_int, help="from scratch: blocks")
+    start.add_argument("--hidden", type=positive_int, help="from scratch: width")
+    start.add_argument("--heads", type=positive_int, help="from scratch: attention heads (default hidden / 64)")
+    start.add_argument("--intermediate", type=positive_int, help="from scratch: FFN width (default 4 x hidden)")
+    start.add_argument("--vocab", help="from scratch: a folder with vocab.txt (and tokenizer_config.json)")
+    run = p.add_argument_group("the run")
+    run.add_argument("--max-length", type=positive_int, default=128, help="tokens an example (default 128)")
+    budget = run.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=positive_int, help="optimiser steps")
+    budget.add_argument("--tokens", type=positive_int, help="a budget of tokens instead of steps")
+    run.add_argument("--batch-size", type=positive_int, default=32, help="examples a micro-batch (default 32)")
+    run.add_argument("--accumulate", type=positive_int, default=1, help="micro-batches a step (default 1)")
+    run.add_argument("--lr", type=positive_float, default=5e-4, help="peak learning rate (default 5e-4)")
+    run.add_argument("--warmup", type=non_negative_float, default=0.06, help="share of steps warming up (default 0.06)")
+    run.add_argument("--schedule", choices=["linear", "cosine"], default="linear", help="decay after warmup")
+    run.add_argument("--mask", type=positive_float, default=0.15, help="share of tokens masked (default 0.15)")
+    run.add_argument("--whole-word", action="store_true", help="mask whole words (a piece and its ## pieces)")
+    run.add_argument("--nsp", action="store_true", help="BERT's two-segment examples and the next-sentence head")
+    run.add_argument("--mix", help="FILE:share -- replay general text for that share of the examples")
+    run.add_argument("--eval-texts", help="held-out text: masked-LM loss, perplexity, accuracy every --eval-every")
+    run.add_argument("--eval-every", type=positive_int, help="steps between evaluations")
+    run.add_argument("--save-every", type=positive_int, help="steps between checkpoints (default: at the end)")
+    run.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (default 3)")
+    run.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines (default 10)")
+    run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    run.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    run.add_argument("--dropout", type=non_negative_float, help="every dropout at this probability while training "
+                     "(default: the model's, 0.1 from scratch; 0 turns it off)")
+    p.set_defaults(func=cmd_pretrain)
+
+
+def cmd_pretrain(args) -> int:
+    from ..training.pipelines.pretrain import run_pretraining
+    from ..training.pretrain import PretrainConfig
+
+    if args.steps is None and args.tokens is None:
+        raise InputError("give --steps N or --tokens N (how long to train)")
+    if args.eval_every is not None and args.eval_texts is None:
+        raise InputError("--eval-every needs --eval-texts (held-out text to evaluate on)")
+    config = PretrainConfig(steps=args.steps, tokens=args.tokens, batch_size=args.batch_size, accumulate=args.accumulate,
+                            lr=args.lr, warmup=args.warmup, schedule=args.schedule, bf16=args.bf16,
+                            eval_every=args.eval_every, save_every=args.save_every, keep=args.keep,
+                            log_every=args.log_every, seed=args.seed, progress=not args.quiet)
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    summary = run_pretraining(args.corpus, args.out, model=args.model, geometry=args.geometry, layers=args.layers,
+                              hidden=args.hidden, heads=args.heads, intermediate=args.intermediate, vocab=args.vocab,
+                              max_length=args.max_length, nsp=args.nsp, whole_word=args.whole_word, mask=args.mask,
+                              config=config, eval_texts=args.eval_texts, mix=args.mix, dropout=args.dropout,
+                              resume=args.resume, log=log)
+    described = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
+    print(f"pre-trained {summary['steps']} steps ({described}); wrote {args.out}: the model, its tokenizer, "
+          "checkpoints/, log.jsonl")
+    return 0
+
+
+COMMANDS = [add_finetune, add_distill, add_exits, add_predict, add_pretrain]

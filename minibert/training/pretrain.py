@@ -1,0 +1,357 @@
+"""Pre-training with BERT's own objective, as a reader can follow it: one function, ``pretrain``.
+
+    for each step (until --steps, or the --tokens budget):
+        for each of ``accumulate`` micro-batches:
+            the next examples of the run, masked (pretrain_data.Examples.batch)
+            loss = MLM (+ NSP) on them, scaled to its share of the step's masked tokens; backward
+        clip the gradient norm; AdamW step; learning-rate step (warmup, then linear or cosine decay)
+        every log_every steps: a line of log.jsonl (loss, learning rate, tokens/s)
+        every eval_every steps: held-out masked-LM loss, perplexity, masked-token accuracy (a fixed mask)
+        every save_every steps: a checkpoint folder, written atomically; the last ``keep`` kept
+
+**AdamW as RoBERTa set it**: betas (0.9, 0.98), eps 1e-6, weight decay 0.01 on weights only, warmup over
+the first 6 % of the steps. **Mixed precision**: bf16 autocast on a CPU with bf16 units (a warning where
+there are none), fp16 with loss scaling on CUDA; the weights stay fp32.
+
+**Checkpoints lose nothing**: ``checkpoints/step-000100/`` holds the model (config.json and
+model.safetensors: ``minibert fill`` and transformers load it) and ``training_state.pt`` -- AdamW's
+moments, the schedule, every process's random generators, the step and how many examples were consumed.
+``resume=True`` continues from the newest one and ends bit for bit where the uninterrupted run would have
+(CPU; tested by killing a run with SIGKILL). Example n of the run is always the same example with the
+same mask, so nothing else needs saving.
+
+**Under torchrun** every process builds the same global batch numbers, reads and masks only its own slice
+of them, and DistributedDataParallel averages the gradients; each process's loss is scaled by its share
+of the step's masked tokens (and examples, for NSP), so N processes take the step one process takes on
+the whole batch. Process 0 alone evaluates, logs and writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..checks import check_fraction, check_positive
+from ..errors import InputError
+from ..textfiles import atomic_dir, write_text_atomic
+from . import ddp
+from .loop import parameter_groups
+from .pretrain_data import Examples
+
+SCHEDULES = ("linear", "cosine")
+STATE_FILE = "training_state.pt"
+
+
+@dataclass
+class PretrainConfig:
+    steps: int | None = None  # optimiser steps; or
+    tokens: int | None = None  # a budget of tokens (steps = tokens / (batch_size x accumulate x max_length))
+    batch_size: int = 32  # examples per micro-batch (the whole job's, under torchrun)
+    accumulate: int = 1  # micro-batches per optimiser step
+    lr: float = 5e-4
+    warmup: float = 0.06  # share of the steps spent warming up
+    schedule: str = "linear"  # decay after warmup: linear or cosine, to 0
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    max_grad_norm: float | None = 1.0
+    bf16: bool = False
+    fp16: bool = False
+    eval_every: int | None = None  # steps; needs eval examples
+    eval_examples: int = 256  # held-out examples per evaluation (always the same ones, the same masks)
+    save_every: int | None = None  # steps
+    keep: int = 3  # checkpoints kept
+    log_every: int = 10  # steps
+    seed: int = 0
+    progress: bool = True
+
+    def check(self) -> None:
+        if (self.steps is None) == (self.tokens is None):
+            raise InputError("give either steps or tokens (a budget), not both and not neither")
+        for name in ("batch_size", "accumulate", "keep", "log_every", "eval_examples"):
+            check_positive(name, getattr(self, name))
+        for name in ("steps", "tokens", "eval_every", "save_every"):
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise InputError(f"lr={self.lr!r} must be > 0")
+        check_fraction("warmup", self.warmup)
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
+        if self.bf16 and self.fp16:
+            raise InputError("bf16 and fp16 exclude each other")
+
+    def total_steps(self, max_length: int) -> int:
+        if self.steps is not None:
+            return self.steps
+        return max(1, math.ceil(self.tokens / (self.batch_size * self.accumulate * max_length)))
+
+    def recorded(self) -> dict:
+        """What a resumed run must share with the run it continues."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k != "progress"}
+
+
+def schedule(optimizer, warmup_steps: int, total_steps: int, kind: str = "linear"):
+    """Learning rate from 0 up to its value over ``warmup_steps``, then down to 0 at ``total_steps``,
+    linearly or along a half cosine."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        done = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 1.0 - done if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def evaluate(model: nn.Module, examples: Examples, count: int, batch_size: int = 32, mask_seed: int = 1234) -> dict:
+    """Held-out masked-LM loss (mean over masked tokens), perplexity and masked-token accuracy on examples
+    0..count-1 of ``examples``, always masked the same way (``mask_seed``); NSP accuracy with NSP."""
+    was_training = model.training
+    model.eval()
+    total_loss = correct = masked = nsp_right = seen = 0.0
+    with torch.no_grad():
+        for start in range(0, count, batch_size):
+            numbers = range(start, min(count, start + batch_size))
+            batch = {k: v.to(_device(model)) for k, v in examples.batch(numbers, mask_seed=mask_seed).items()}
+            nsl = batch.pop("next_sentence_label", None)
+            out = model(**batch)
+            labels = batch["labels"]
+            n = int((labels != -100).sum())
+            total_loss += float(out.mlm_loss) * n
+            correct += int((out.masked_logits.argmax(-1) == labels[labels != -100]).sum())
+            masked += n
+            if nsl is not None and getattr(out, "seq_relationship_logits", None) is not None:
+                nsp_right += int((out.seq_relationship_logits.argmax(-1) == nsl).sum())
+                seen += len(nsl)
+    model.train(was_training)
+    loss = total_loss / max(1, masked)
+    result = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "masked_accuracy": correct / max(1, masked),
+              "masked_tokens": int(masked)}
+    if seen:
+        result["nsp_accuracy"] = nsp_right / seen
+    return result
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": [torch.from_numpy(np.random.get_state()[1].astype("int64")), *np.random.get_state()[2:]]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoints(out_dir: Path) -> list[Path]:
+    """The complete checkpoint folders of a run, oldest first."""
+    folder = out_dir / "checkpoints"
+    found = [p for p in folder.glob("step-*") if (p / STATE_FILE).exists()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _save_checkpoint(out_dir: Path, model, optimizer, scheduler, scaler, config: PretrainConfig, step: int,
+                     consumed: int, rng_states: list, keep: int) -> Path:
+    folder = out_dir / "checkpoints" / f"step-{step:06d}"
+    with atomic_dir(folder) as tmp:
+        model.save_pretrained(tmp)
+        torch.save({"step": step, "consumed": consumed, "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
+                    "rng": rng_states, "config": config.recorded(), "model": model.state_dict()}, tmp / STATE_FILE)
+    for old in checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _load_checkpoint(folder: Path, config: PretrainConfig, device) -> dict:
+    try:
+        saved = torch.load(folder / STATE_FILE, map_location=device, weights_only=True)
+    except Exception as e:
+        raise InputError(f"{folder / STATE_FILE} cannot be read as a training state ({type(e).__name__}: {e})") from None
+    now = config.recorded()
+    differs = [f"{k}={saved['config'].get(k)!r} then, {v!r} now" for k, v in now.items()
+               if k not in ("eval_every", "eval_examples", "save_every", "keep", "log_every")
+               and saved["config"].get(k) != v]
+    if differs:
+        raise InputError(f"resume: {folder} was written by a run with other settings ({'; '.join(differs)}); give "
+                         "the same settings, or another --out")
+    return saved
+
+
+# --------------------------------------------------------------------------------------------- the loop
+def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_dir, *,
+             eval_examples: Examples | None = None, resume: bool = False,
+             log: Callable[[str], None] | None = None) -> dict:
+    """Train ``model`` (a ``BertForMaskedLM`` or ``BertForPreTraining``) on ``examples``; write checkpoints,
+    ``log.jsonl`` and, at the end, the model itself into ``out_dir``. Returns the last evaluation (or the
+    last training loss) with the steps, tokens and seconds."""
+    config.check()
+    if config.eval_every is not None and eval_examples is None:
+        raise InputError("eval_every needs held-out examples (eval texts)")
+    if examples.nsp and not hasattr(model, "nsp"):
+        raise InputError("NSP examples need a BertForPreTraining (masked LM + next sentence)")
+    out_dir = Path(out_dir)
+    rank, world = ddp.init() if ddp.is_distributed() else (0, 1)
+    device = _device(model)
+    if config.fp16 and device.type != "cuda":
+        raise InputError("fp16 needs a CUDA device (on a CPU use bf16)")
+    if config.bf16 and device.type == "cpu":
+        from ..hardware import warn_if_slow
+
+        warn_if_slow(torch.bfloat16, device)
+    half = torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
+    scaler = torch.amp.GradScaler("cuda") if config.fp16 else None
+    steps = config.total_steps(examples.max_length)
+    torch.manual_seed(config.seed + rank)
+    optimizer = torch.optim.AdamW(parameter_groups(model, lr=config.lr, weight_decay=config.weight_decay),
+                                  lr=config.lr, betas=config.betas, eps=config.eps)
+    scheduler = schedule(optimizer, int(config.warmup * steps), steps, config.schedule)
+    start, consumed = 0, 0
+    if resume:
+        found = checkpoints(out_dir)
+        if found:
+            saved = _load_checkpoint(found[-1], config, device)
+            mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+            theirs = {k: tuple(v.shape) for k, v in saved["model"].items()}
+            if mine != theirs:
+                differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+                raise InputError(f"resume: {found[-1]} holds another model (differs at {', '.join(differ[:4])}"
+                                 f"{' ...' if len(differ) > 4 else ''}); give the same geometry, or another --out")
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            if scaler is not None and saved.get("scaler"):
+                scaler.load_state_dict(saved["scaler"])
+            if len(saved["rng"]) != world:
+                raise InputError(f"resume: {found[-1]} was written by {len(saved['rng'])} process(es), this job has {world}")
+            _set_rng(saved["rng"][rank])
+            start, consumed = saved["step"], saved["consumed"]
+            if log is not None and rank == 0:
+                log(f"resuming from {found[-1]} (step {start} of {steps})")
+        elif log is not None and rank == 0:
+            log(f"resume: no checkpoint in {out_dir / 'checkpoints'}: starting from step 0")
+    trained = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        trained = DistributedDataParallel(model, find_unused_parameters=not examples.nsp)
+    log_path = out_dir / "log.jsonl"
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _trim_log(log_path, start)
+    from ..tools.progress import progress_bar
+
+    bar = progress_bar(steps, "pretraining", config.progress and rank == 0)
+    bar.update(start)
+    model.train()
+    started, window_tokens, window_loss, window_steps, last = time.perf_counter(), 0, 0.0, 0, {}
+    per_step = config.batch_size * config.accumulate
+    for step in range(start, steps):
+        step_loss = 0.0
+        for micro in range(config.accumulate):
+            first = consumed + micro * config.batch_size
+            lo, hi = (first + config.batch_size * r // world for r in (rank, rank + 1))
+            batch = {k: v.to(device) for k, v in examples.batch(range(lo, hi)).items()}
+            nsl = batch.pop("next_sentence_label", None)
+            masked = (batch["labels"] != -100).sum()
+            counts = torch.stack([masked, torch.tensor(hi - lo)]).float()
+            if world > 1:
+                torch.distributed.all_reduce(counts)
+            sync = micro == config.accumulate - 1 or world == 1
+            context = trained.no_sync() if not sync else nullcontext()
+            with context:
+                with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
+                    out = trained(**batch, next_sentence_label=nsl) if nsl is not None else trained(**batch)
+                share = float(masked) / max(1.0, float(counts[0])) * world
+                loss = out.mlm_loss.float() * share
+                if nsl is not None:
+                    loss = loss + out.nsp_loss.float() * (hi - lo) / float(counts[1]) * world
+                loss = loss / config.accumulate
+                (scaler.scale(loss) if scaler else loss).backward()
+            step_loss += float(loss.detach()) / world
+            window_tokens += int(batch["attention_mask"].sum())
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        consumed += per_step
+        done = step + 1
+        if world > 1:
+            total = torch.tensor(step_loss)
+            torch.distributed.all_reduce(total)
+            step_loss = float(total)
+        window_loss, window_steps = window_loss + step_loss, window_steps + 1
+        bar.update(1)
+        record = None
+        if done % config.log_every == 0 or done == steps:
+            seconds = time.perf_counter() - started
+            record = {"step": done, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
+                      "tokens_per_second": window_tokens * world / seconds if seconds else 0.0, "examples": consumed}
+            started, window_tokens, window_loss, window_steps = time.perf_counter(), 0, 0.0, 0
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{record['loss']:.3f}")
+        if eval_examples is not None and config.eval_every and (done % config.eval_every == 0 or done == steps):
+            if rank == 0:
+                record = {**(record or {"step": done}), **evaluate(model, eval_examples, config.eval_examples)}
+        if record is not None and rank == 0:
+            last = record
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            if log is not None:
+                log(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+        if config.save_every and (done % config.save_every == 0 or done == steps):
+            states = [None] * world
+            if world > 1:
+                torch.distributed.all_gather_object(states, _rng_state())
+            else:
+                states = [_rng_state()]
+            if rank == 0:
+                _save_checkpoint(out_dir, model, optimizer, scheduler, scaler, config, done, consumed, states,
+                                 config.keep)
+            if world > 1:
+                torch.distributed.barrier()
+    bar.close()
+    model.eval()
+    if rank == 0:
+        model.save_pretrained(out_dir)
+        write_text_atomic(out_dir / "pretrain.json", json.dumps({"config": config.recorded(), "steps": steps,
+                                                                  "examples": consumed, "last": last}, indent=2) + "\n")
+    return {**last, "steps": steps, "examples": consumed}
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Keep the records of steps up to ``step`` (a resumed run writes the later ones again)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
