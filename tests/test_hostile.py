@@ -6,9 +6,7 @@ training resumes bit for bit; hooks are visible to the thread that opened them o
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minibert import BertConfig, BertModel, BertTokenizer, CheckpointError, InputError
+from minibert import BertConfig, BertModel, BertTokenizer, InputError
 from minibert.compat import SentenceEncoder
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + \

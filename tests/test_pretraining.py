@@ -16,9 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, cli_error, hf_config, random_hf_model, transformers
+from conftest import cli_error, hf_config, random_hf_model, transformers
 from minibert import BertForMaskedLM, BertForPreTraining, BertModel, BertTokenizer, InputError
-from minibert.training.pretrain import PretrainConfig, pretrain
 from minibert.training.pretrain_data import (Examples, MaskingRule, TokenStore, continuation_table, mask_tokens,
                                              read_documents)
 
@@ -96,6 +95,12 @@ def test_heads_equal_transformers_and_checkpoints_go_both_ways(pretraining_dir, 
 
     classifier = BertForSequenceClassification.from_encoder(tmp_path / "pre", labels=["a", "b"])
     assert classifier(**batch).logits.shape == (3, 2)
+    from minibert import BertConfig
+
+    BertForMaskedLM.from_config(BertConfig(**TINY)).save_pretrained(tmp_path / "scratch")  # no pooler, as transformers'
+    with pytest.warns(UserWarning, match="has no pooler, which BertForSequenceClassification classifies"):
+        classifier = BertForSequenceClassification.from_encoder(tmp_path / "scratch", labels=["a", "b"], seed=1)
+    assert classifier(**batch).logits.shape == (3, 2) and 0.015 < float(classifier.bert.pooler.dense.weight.detach().std()) < 0.025
 
 
 def test_a_checkpoint_without_heads_gets_fresh_ones_and_says_so(minilm_dir):
@@ -334,7 +339,9 @@ def test_torchrun_two_processes_equal_one(corpus, minilm_dir, tmp_path):
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     assert a.keys() == b.keys()
-    start = BertForMaskedLM.from_config(BertModel.from_pretrained(tmp_path / "one").config)  # moved from the init
+    BertForMaskedLM.from_config(BertModel.from_pretrained(tmp_path / "one").config, seed=0).save_pretrained(tmp_path / "init")
+    start = load_file(tmp_path / "init" / "model.safetensors")  # the run's initialisation (seed 0)
+    assert max(float((a[k] - start[k]).abs().max()) for k in a) > 1e-3  # the steps did train
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
 
 

@@ -115,7 +115,7 @@ def result_pages() -> dict[str, str]:
                 f"| date | {meta['date']} |", f"| reproduce | `{meta['command']}` |", "",
                 "These numbers are from that one machine. Speed ratios differ between CPU generations (1.5x between",
                 "two AMD EPYC generations on dense fp32 has been seen): measure on yours before relying on one.", ""]
-        page += [line.replace("](../", "](../../") for line in body[1:]]
+        page += [line.replace("](../../docs/", "](../") for line in body[1:]]  # links into docs/, from the site
         name = source.stem.replace("_", "-") + ".md"
         pages[name] = "\n".join(page).rstrip() + "\n"
         rows.append(f"| [{title}]({name}) | {meta['cpu']} | {meta['threads']} | {meta['date']} |")

@@ -92,12 +92,19 @@ class _TaskModel(nn.Module):
         config.problem_type = problem_type
         config.classifier_dropout = classifier_dropout
         config.validate()
-        if cls.needs_pooler and encoder.pooler is None:
-            raise InputError(f"{cls.__name__} classifies the pooler output, and {source} has no pooler")
+        generator = torch.Generator().manual_seed(seed)
+        if cls.needs_pooler and encoder.pooler is None:  # e.g. a BertForMaskedLM checkpoint: a fresh pooler
+            import warnings
+
+            from ..model import Pooler
+
+            encoder.pooler = Pooler(config).to(device=encoder.device)
+            init_head(encoder.pooler.dense, generator)
+            warnings.warn(f"{source} has no pooler, which {cls.__name__} classifies: starting from a fresh one "
+                          f"(N(0, 0.02), seed {seed}), as transformers does", stacklevel=2)
         with torch.device("meta"):
             model = cls(config, add_pooler=encoder.pooler is not None)
         model.bert = encoder
-        generator = torch.Generator().manual_seed(seed)
         head = init_head(nn.Linear(config.hidden_size, model.head_out_features(), device=device), generator)
         setattr(model, cls.head_attribute, head)
         model.source = encoder.source  # where the tokenizer is, for predict()

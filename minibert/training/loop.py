@@ -195,7 +195,7 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
             scaler.load_state_dict(saved["scaler"])
         history = History(**saved["history"])
         start, step = saved["epoch"], saved["step"]
-        _set_rng(saved["rng"])
+        set_rng_state(saved["rng"])
     for epoch in range(start, config.epochs):
         if on_epoch_start is not None:
             on_epoch_start(model, epoch)
@@ -268,7 +268,8 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
 STATE_FILE = "training_state.pt"
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
+    """Every random generator's state (python, torch, numpy, CUDA), as plain data torch.save keeps."""
     import numpy as np
 
     name, keys, pos, has_gauss, gauss = np.random.get_state()
@@ -279,7 +280,8 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
+    """Put back what ``rng_state`` recorded."""
     import numpy as np
 
     version, internal, gauss = state["python"]
@@ -298,7 +300,7 @@ def _save_state(path: Path, model, optimizer, scheduler, scaler, config: FitConf
     state = {"model": model.state_dict(), "trainable": [p.requires_grad for p in model.parameters()],
              "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "scaler": scaler.state_dict() if scaler is not None else None, "config": config.recorded(),
-             "history": asdict(history), "epoch": epoch, "step": step, "rng": _rng_state()}
+             "history": asdict(history), "epoch": epoch, "step": step, "rng": rng_state()}
     with atomic_file(path) as tmp:
         torch.save(state, tmp)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 import time
 from contextlib import nullcontext
@@ -38,7 +37,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -46,7 +44,7 @@ from ..checks import check_fraction, check_positive
 from ..errors import InputError
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
-from .loop import parameter_groups
+from .loop import parameter_groups, rng_state, set_rng_state
 from .pretrain_data import Examples
 
 SCHEDULES = ("linear", "cosine")
@@ -147,24 +145,6 @@ def _device(model: nn.Module) -> torch.device:
 
 
 # ------------------------------------------------------------------------------------- checkpoints
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": [torch.from_numpy(np.random.get_state()[1].astype("int64")), *np.random.get_state()[2:]]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state(("MT19937", keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def checkpoints(out_dir: Path) -> list[Path]:
     """The complete checkpoint folders of a run, oldest first."""
     folder = out_dir / "checkpoints"
@@ -246,7 +226,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
                 scaler.load_state_dict(saved["scaler"])
             if len(saved["rng"]) != world:
                 raise InputError(f"resume: {found[-1]} was written by {len(saved['rng'])} process(es), this job has {world}")
-            _set_rng(saved["rng"][rank])
+            set_rng_state(saved["rng"][rank])
             start, consumed = saved["step"], saved["consumed"]
             if log is not None and rank == 0:
                 log(f"resuming from {found[-1]} (step {start} of {steps})")
@@ -264,6 +244,8 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
     from ..tools.progress import progress_bar
 
     bar = progress_bar(steps, "pretraining", config.progress and rank == 0)
+    if hasattr(bar, "unit"):
+        bar.unit = "step"
     bar.update(start)
     model.train()
     started, window_tokens, window_loss, window_steps, last = time.perf_counter(), 0, 0.0, 0, {}
@@ -331,9 +313,9 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
         if config.save_every and (done % config.save_every == 0 or done == steps):
             states = [None] * world
             if world > 1:
-                torch.distributed.all_gather_object(states, _rng_state())
+                torch.distributed.all_gather_object(states, rng_state())
             else:
-                states = [_rng_state()]
+                states = [rng_state()]
             if rank == 0:
                 _save_checkpoint(out_dir, model, optimizer, scheduler, scaler, config, done, consumed, states,
                                  config.keep)
@@ -349,9 +331,16 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
 
 
 def _trim_log(path: Path, step: int) -> None:
-    """Keep the records of steps up to ``step`` (a resumed run writes the later ones again)."""
+    """Keep the records of steps up to ``step`` (a resumed run writes the later ones again); a line a kill
+    cut short is dropped."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= step:
+            kept.append(line)
     write_text_atomic(path, "".join(line + "\n" for line in kept))

@@ -41,6 +41,7 @@ import torch
 
 from ..errors import InputError
 from ..textfiles import atomic_dir, read_json, read_text
+from ..tools.fingerprint import file_sha256
 
 STORE_FORMAT = 1
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")  # where a document per line is split into sentences
@@ -84,14 +85,6 @@ def _sentences(document: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(document.strip()) if s.strip()]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def vocabulary_hash(tokenizer) -> str:
     """What a store's token ids mean: the vocabulary in id order and how text is normalised."""
     ordered = sorted(tokenizer.vocab.items(), key=lambda kv: kv[1])
@@ -130,7 +123,7 @@ class TokenStore:
         files = [Path(f) for f in files]
         if not files:
             raise InputError("no corpus file given")
-        sources = [{"path": str(f), "sha256": _sha256(f) if f.exists() else None} for f in files]
+        sources = [{"path": str(f), "sha256": file_sha256(f) if f.exists() else None} for f in files]
         vocab = vocabulary_hash(tokenizer)
         folder = Path(folder)
         if (folder / "meta.json").exists():

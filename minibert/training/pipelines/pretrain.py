@@ -15,7 +15,6 @@ The geometries are the BERT miniatures of Turc et al. 2019 (layers x hidden, hea
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Callable, Sequence
 
 from ...config import BertConfig
