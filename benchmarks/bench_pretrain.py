@@ -190,11 +190,21 @@ def part_run(args, work, results):
     from minibert.training.pipelines.pretrain import run_pretraining
     from minibert.training.pretrain import PretrainConfig
 
-    out = RESULTS / "pretrain-runs.tmp" / f"{args.geometry}-{args.minutes}min"
+    suffix = "" if (args.lr, args.dropout, args.bf16) == (5e-4, None, False) else \
+        f"-lr{args.lr:g}-dropout{args.dropout}" + ("-bf16" if args.bf16 else "")
+    out = RESULTS / "pretrain-runs.tmp" / f"{args.geometry}-{args.minutes}min{suffix}"
+    previous = results.get("run")
+    if previous and previous["folder"] != str(out.relative_to(ROOT)):  # an earlier setting: kept in short
+        evals = [x for x in previous["log"] if "eval_loss" in x]
+        results.setdefault("earlier_runs", []).append(
+            {k: previous.get(k) for k in ("geometry", "steps", "batch", "minutes", "folder")} |
+            {"lr": previous.get("lr", 5e-4), "dropout": previous.get("dropout"), "last_eval": evals[-1] if evals else None,
+             "downstream": results.pop("downstream", None)})
     if (out / "pretrain.json").exists():  # a finished run: its results are collected again, not trained again
         done = json.loads((out / "pretrain.json").read_text())
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        results["run"] = {"geometry": args.geometry, "steps": done["steps"], "batch": "32 x 128",
+        results["run"] = {"geometry": args.geometry, "steps": done["steps"], "batch": "32 x 128", "lr": args.lr,
+                          "bf16": args.bf16, "dropout": args.dropout,
                           "minutes": args.minutes, "seconds": results.get("run", {}).get("seconds", args.minutes * 60),
                           "summary": done["last"], "log": log, "folder": str(out.relative_to(ROOT)), "reused": True}
         plot_run(log, ROOT / "docs" / "img" / f"{args.name}_run.png", args.geometry)
@@ -207,8 +217,13 @@ def part_run(args, work, results):
     model = BertForMaskedLM.from_config(config)
     optimizer = torch.optim.AdamW(parameter_groups(model, lr=1e-4), lr=1e-4)
     start = time.perf_counter()
+    if args.dropout is not None:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = args.dropout
     for i in range(probe.steps):
-        loss = model(**examples.batch(range(i * 32, (i + 1) * 32))).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = model(**examples.batch(range(i * 32, (i + 1) * 32))).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -218,12 +233,13 @@ def part_run(args, work, results):
     started = time.perf_counter()
     summary = run_pretraining(corpus_files_for_runs(), out, geometry=args.geometry, vocab=str(MINILM),
                               max_length=128, eval_texts=fetch_data.fetch_sentences() / "held.txt",
-                              config=PretrainConfig(steps=steps, batch_size=32, lr=5e-4, eval_every=max(1, steps // 20),
+                              config=PretrainConfig(steps=steps, batch_size=32, lr=args.lr, bf16=args.bf16, eval_every=max(1, steps // 20),
                                                     save_every=max(1, steps // 10), log_every=max(1, steps // 100),
                                                     eval_examples=256, progress=True),
-                              log=print)
+                              dropout=args.dropout, log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    results["run"] = {"geometry": args.geometry, "steps": steps, "batch": "32 x 128", "minutes": args.minutes,
+    results["run"] = {"geometry": args.geometry, "steps": steps, "batch": "32 x 128", "lr": args.lr,
+                      "bf16": args.bf16, "dropout": args.dropout, "minutes": args.minutes,
                       "seconds": time.perf_counter() - started, "summary": summary, "log": log,
                       "folder": str(out.relative_to(ROOT))}
     plot_run(log, ROOT / "docs" / "img" / f"{args.name}_run.png", args.geometry)
@@ -389,7 +405,9 @@ def markdown(results: dict) -> str:
         evals = [x for x in r["log"] if "eval_loss" in x]
         last = evals[-1] if evals else {}
         out += [f"## BERT-{r['geometry']} from scratch", "",
-                f"{r['steps']} steps of {r['batch']} ({r['seconds'] / 60:.0f} minutes): held-out masked-LM loss "
+                f"{r['steps']} steps of {r['batch']} ({r['seconds'] / 60:.0f} minutes), peak learning rate "
+                f"{r.get('lr', 5e-4):g}, dropout {0.1 if r.get('dropout') is None else r['dropout']:g}"
+                f"{', bf16 autocast' if r.get('bf16') else ', fp32'}: held-out masked-LM loss "
                 f"{last.get('eval_loss', float('nan')):.3f} (perplexity {last.get('perplexity', float('nan')):.1f}), masked-token "
                 f"accuracy {last.get('masked_accuracy', float('nan')):.3f}.", "",
                 f"![the run's losses and accuracy](../../docs/img/{args_name(results)}_run.png)", "",
@@ -400,6 +418,13 @@ def markdown(results: dict) -> str:
         out += [f"| {x['step']} | {nearest[x['step']]:.3f} | {x['eval_loss']:.3f} | {x['perplexity']:.1f} | "
                 f"{x['masked_accuracy']:.3f} |" for x in evals]
         out.append("")
+    for e in results.get("earlier_runs", []):
+        last, d = e["last_eval"] or {}, e.get("downstream") or {"rows": {}}
+        trec = ", ".join(f"{name} {row['trec_accuracy']:.3f}" for name, row in d["rows"].items())
+        out += [f"An earlier run, {e['steps']} steps of {e['batch']} at peak learning rate {e['lr']:g} and dropout "
+                f"{0.1 if e['dropout'] is None else e['dropout']:g}, stayed on the unigram plateau: held-out loss "
+                f"{last.get('eval_loss', float('nan')):.3f}, masked-token accuracy {last.get('masked_accuracy', float('nan')):.3f}"
+                + (f"; TREC-6 {trec}." if trec else "."), ""]
     if "downstream" in results:
         d = results["downstream"]
         out += ["## What the run learnt", "", "A linear probe per hidden state for parts of speech "
@@ -436,6 +461,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--geometry", default="mini", choices=sorted(GEOMETRIES))
     parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--lr", type=float, default=5e-4, help="peak learning rate of the from-scratch run")
+    parser.add_argument("--bf16", action="store_true", help="the from-scratch run under bf16 autocast")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="dropout while the from-scratch run trains (default: the config's 0.1)")
     parser.add_argument("--epochs", type=int, default=3, help="TREC-6 fine-tuning epochs (downstream, continued)")
     parser.add_argument("--continued-steps", type=int, default=400, help="steps of continued pre-training")
     parser.add_argument("--name", default="pretrain", help="results file name (one per CPU measured)")

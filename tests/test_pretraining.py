@@ -304,15 +304,20 @@ def test_a_killed_run_resumes_to_the_same_weights_bit_for_bit(corpus, minilm_dir
     resumed from its newest checkpoint, the run ends with the uninterrupted run's weights, bit for bit."""
     from safetensors.torch import load_file
 
-    def run(mode, out):
-        return subprocess.run([sys.executable, "-c", RUN, str(corpus / "train.txt"), str(out), mode, str(minilm_dir)],
-                              capture_output=True, text=True, timeout=300)
-    assert run("full", tmp_path / "full").returncode == 0
-    killed = run("kill", tmp_path / "cut")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # the same threads in every run: the same sums
+
+    def start(mode, out):
+        with open(tmp_path / f"{mode}.err", "w") as err:  # a file, not a pipe: nothing blocks on a full buffer
+            return subprocess.Popen([sys.executable, "-c", RUN, str(corpus / "train.txt"), str(out), mode,
+                                     str(minilm_dir)], stdout=subprocess.DEVNULL, stderr=err, env=env)
+
+    def said(mode):
+        return (tmp_path / f"{mode}.err").read_text()[-2000:]
+    full, killed = start("full", tmp_path / "full"), start("kill", tmp_path / "cut")  # side by side: one core each
+    assert full.wait(timeout=300) == 0, said("full")
+    assert killed.wait(timeout=300) == -signal.SIGKILL, said("kill")
     assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
-    resumed = run("resume", tmp_path / "cut")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert start("resume", tmp_path / "cut").wait(timeout=300) == 0, said("resume")
     a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     losses = [[json.loads(x)["loss"] for x in (tmp_path / d / "log.jsonl").read_text().splitlines()]
@@ -371,3 +376,45 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
                      "--layers", "2", "--hidden", "64", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "6",
                      "--batch-size", "8", "--save-every", "3", "--resume", "--quiet")
     assert "resume:" in line and "holds another model" in line
+
+
+def test_snapshots_at_log_spaced_steps_and_probing_across_time(corpus, minilm_dir, tmp_path, capsys):
+    """--snapshots keeps step 0 (the initialisation, bit for bit) and log-spaced steps up to the last (the
+    final model, bit for bit), each loadable alone; probe-over-time probes every layer of each and measures
+    each layer's CKA against the next and the last snapshot."""
+    from safetensors.torch import load_file
+
+    from conftest import POS_SAMPLE
+    from minibert.analysis.timeline import probe_over_time, snapshots
+    from minibert.cli import main
+    from minibert.textfiles import read_conllu
+    from minibert.training.pretrain import snapshot_steps
+
+    assert snapshot_steps(1000, 4) == [0, 1, 10, 100, 1000] and snapshot_steps(3, 8) == [0, 1, 2, 3]
+    assert snapshot_steps(16, 4) == [0, 1, 3, 6, 16] and snapshot_steps(16, 0) == [] and snapshot_steps(7, 1) == [0, 7]
+    run = tmp_path / "run"
+    assert main(["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(run), "--layers", "2", "--hidden", "64",
+                 "--heads", "4", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "16", "--batch-size", "8",
+                 "--lr", "2e-3", "--snapshots", "4", "--quiet"]) == 0
+    found = snapshots(run)
+    assert [step for step, _ in found] == [0, 1, 3, 6, 16]
+    BertForMaskedLM.from_config(BertModel.from_pretrained(run).config, seed=0).save_pretrained(tmp_path / "init")
+    for one, other in ((found[0][1], tmp_path / "init"), (found[-1][1], run)):
+        a, b = load_file(one / "model.safetensors"), load_file(other / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert BertTokenizer.from_pretrained(found[2][1]).vocab == BertTokenizer.from_pretrained(minilm_dir).vocab
+
+    sample = tmp_path / "pos.conllu"  # 40 sentences of the UPOS sample
+    sample.write_text("\n\n".join(POS_SAMPLE.read_text(encoding="utf-8").strip().split("\n\n")[:40]) + "\n\n")
+    assert main(["probe-over-time", str(run), str(sample), "--json", str(tmp_path / "t.json"), "--quiet"]) == 0
+    assert "linear CKA with the next snapshot" in capsys.readouterr().out
+    timeline = json.loads((tmp_path / "t.json").read_text())
+    assert timeline["steps"] == [0, 1, 3, 6, 16] and len(timeline["accuracy"]) == 5 and len(timeline["accuracy"][0]) == 3
+    assert len(timeline["cka_next"]) == 4 and all(abs(c - 1) < 1e-9 for c in timeline["cka_final"][-1])
+    assert all(0 <= a <= 1 for row in timeline["accuracy"] for a in row) and 0 < timeline["majority_baseline"] < 1
+    assert max(abs(c - 1) for c in timeline["cka_final"][0]) > 1e-3  # training moved the representations
+    assert len(timeline["first_step_at_90_percent"]) == 3 and len(timeline["selectivity"]) == 5
+    with pytest.raises(InputError, match="at least 2 snapshots"):
+        probe_over_time([(0, found[0][1])], read_conllu(sample))
+    line = cli_error(capsys, "probe-over-time", str(tmp_path / "init"), str(sample))
+    assert "at least 2 snapshots" in line and "--snapshots" in line

@@ -178,3 +178,78 @@ def logit_lens(result, path, title=None) -> Path:
     ax.legend(lines, [line.get_label() for line in lines], loc="center left", fontsize=8)
     ax.set_title(_wrap(title or f"Logit lens: when does {result.target!r} win?", 60), fontsize=10)
     return _save(fig, path)
+
+
+def timeline_heatmaps(timeline, path, title="Probing across time") -> Path:
+    """Two panels of hidden state (rows, 0 = embeddings) x snapshot step (columns, log-spaced): the probe
+    accuracy, and the linear CKA of each layer with the final snapshot (1 = settled)."""
+    plt = _pyplot()
+    acc = [list(col) for col in zip(*timeline.accuracy)]  # (layers, snapshots)
+    cka = [list(col) for col in zip(*timeline.cka_final)]
+    layers, n = len(acc), len(timeline.steps)
+    fig, axes = plt.subplots(1, 2, figsize=(min(16.0, 4.0 + 1.1 * n), 1.6 + 0.45 * layers), squeeze=False)
+    for ax, values, name in ((axes[0][0], acc, "probe accuracy"), (axes[0][1], cka, "linear CKA with the last step")):
+        im = ax.imshow(values, origin="lower", aspect="auto", cmap="viridis")
+        ax.set_xticks(range(n))
+        ax.set_xticklabels([str(s) for s in timeline.steps], rotation=45, fontsize=7)
+        ax.set_yticks(range(layers))
+        ax.set_xlabel("step")
+        ax.set_ylabel("hidden state (0 = embeddings)")
+        ax.set_title(name, fontsize=9)
+        fig.colorbar(im, ax=ax, label=name)
+        if layers * n <= 160:
+            for i in range(layers):
+                for j in range(n):
+                    ax.text(j, i, f"{values[i][j]:.2f}", ha="center", va="center", fontsize=6, color="white")
+    fig.suptitle(_wrap(title, 80), fontsize=10)
+    return _save(fig, path)
+
+
+def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = "depth") -> list[Path]:
+    """A depth study's figures (``training.depth_study``): ``{name}_loss.png`` (held-out masked-LM loss vs
+    blocks, equal steps and equal training FLOPs, every single run a gray dot), ``{name}_downstream.png``
+    (best probe layer and fine-tuned task accuracy vs blocks) and ``{name}_probes.png`` (each depth's probe
+    curve). ``rows``: one per (depth, budget), seeds averaged; ``runs``: every run."""
+    plt = _pyplot()
+    folder = Path(folder)
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for budget, marker, label in (("steps", "o", "equal steps (same tokens)"), ("compute", "s", "equal training FLOPs")):
+        mine = [r for r in rows if r["budget"] == budget]
+        if mine:
+            ax.plot([r["depth"] for r in mine], [r["eval_loss"] for r in mine], marker + "-", label=label)
+    ax.scatter([r["depth"] for r in runs], [r["eval_loss"] for r in runs], s=12, color="gray", zorder=3)
+    ax.set_xlabel("blocks")
+    ax.set_ylabel("held-out masked-LM loss")
+    ax.set_xticks(sorted({r["depth"] for r in rows}))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("Does depth help? (gray dots: single runs)", fontsize=10)
+    written.append(_save(fig, folder / f"{name}_loss.png"))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("probe_best", "best probe layer"), ("task_accuracy", "fine-tuned task")):
+        mine = [r for r in rows if r["budget"] == "steps" and key in r]
+        if mine:
+            ax.plot([r["depth"] for r in mine], [r[key] for r in mine], "o-", label=f"{label} (equal steps)")
+    ax.set_xlabel("blocks")
+    ax.set_ylabel("accuracy")
+    ax.set_xticks(sorted({r["depth"] for r in rows}))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    ax.set_title("What each depth learnt", fontsize=10)
+    written.append(_save(fig, folder / f"{name}_downstream.png"))
+    first = min((r["seed"] for r in runs), default=0)
+    curves = sorted((r for r in runs if r["budget"] == "steps" and r["seed"] == first and "probe_accuracy" in r),
+                    key=lambda r: r["depth"])
+    if curves:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in curves:
+            ax.plot(range(len(r["probe_accuracy"])), r["probe_accuracy"], "o-", label=f"{r['depth']} blocks")
+        ax.set_xlabel("hidden state (0 = embeddings)")
+        ax.set_ylabel("probe accuracy (held-out words)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        ax.set_title("Where each depth keeps the probed labels", fontsize=10)
+        written.append(_save(fig, folder / f"{name}_probes.png"))
+    return written

@@ -178,10 +178,11 @@ def probe_layers(features: torch.Tensor, words: list[str], labels: list[str], se
                        label_names)
 
 
-def probe_model(model, tokenizer, data: list[tuple[list[str], list[str]]], *, pool: str = "first",
-                batch_size: int = 16, seed: int = 0, test_fraction: float = 0.2, progress: bool = True) -> ProbeResult:
-    """The whole pipeline on (words, labels) sentences: features for every layer, then probes. A label
-    of None (``_`` in CoNLL-U) marks a word that is read for context but not probed."""
+def labelled_word_features(model, tokenizer, data: list[tuple[list[str], list[str]]], *, pool: str = "first",
+                           batch_size: int = 16, progress: bool = True):
+    """What a probe reads from (words, labels) sentences: ``features`` (L + 1, n, H) of the n labelled
+    words, their ``words`` (lowercased), ``labels`` and ``sentence_ids``. A label of None (``_`` in CoNLL-U)
+    marks a word that is read for context but not probed."""
     classes = sorted({label for _, labels in data for label in labels if label is not None})
     if len(classes) < 2:
         raise InputError(f"probing needs at least 2 different labels, the data has {len(classes)}: {classes}; "
@@ -193,4 +194,13 @@ def probe_model(model, tokenizer, data: list[tuple[list[str], list[str]]], *, po
         features, index = features[:, labelled], [index[k] for k in labelled]
     words = [data[s][0][w].lower() for s, w in index]
     labels = [data[s][1][w] for s, w in index]
-    return probe_layers(features, words, labels, [s for s, _ in index], seed=seed, test_fraction=test_fraction)
+    return features, words, labels, [s for s, _ in index]
+
+
+def probe_model(model, tokenizer, data: list[tuple[list[str], list[str]]], *, pool: str = "first",
+                batch_size: int = 16, seed: int = 0, test_fraction: float = 0.2, progress: bool = True) -> ProbeResult:
+    """The whole pipeline on (words, labels) sentences: features for every layer, then probes. A label
+    of None (``_`` in CoNLL-U) marks a word that is read for context but not probed."""
+    features, words, labels, sentence_ids = labelled_word_features(model, tokenizer, data, pool=pool,
+                                                                   batch_size=batch_size, progress=progress)
+    return probe_layers(features, words, labels, sentence_ids, seed=seed, test_fraction=test_fraction)

@@ -15,11 +15,13 @@
     minibert distill --teacher FINETUNED --out DIR --train train.csv --eval test.csv [--task classify|tag]
     minibert exits --model FINETUNED --train train.csv --eval test.csv --out DIR [--joint]        (early exit)
     minibert pretrain --corpus FILE... --out DIR (--model M | --geometry mini --vocab FOLDER) --steps N   (MLM)
+    minibert probe-over-time RUN data.conllu [--plot out.png] [--json out.json]   (a run's --snapshots)
+    minibert depth-study --corpus FILE... --vocab V --eval-texts F --out DIR [--quick] [--conllu F] [--depths 1,2,4]
 
     cli/common.py     options written once (parent parsers), loading, truncation reports, file checks
     cli/encoding.py   encode, embed, search
-    cli/analysis.py   layers, probe, map, fill, parity, inspect
-    cli/training.py   finetune, predict, distill, exits, pretrain
+    cli/analysis.py   layers, probe, probe-over-time, map, fill, parity, inspect
+    cli/training.py   finetune, predict, distill, exits, pretrain, depth-study
 
 A new command: an ``add_<name>(sub)`` that builds its sub-parser (shared options from ``common``) and sets
 ``func``, then ``cmd_<name>(args)`` right below it, calling library functions; list ``add_<name>`` in its
@@ -47,7 +49,8 @@ from .common import DEFAULT_MODEL, read_lines  # noqa: F401  (public: minibert.c
 #: the order ``minibert --help`` lists them in
 COMMANDS = [encoding.add_encode, analysis.add_layers, analysis.add_probe, encoding.add_embed, encoding.add_search,
             analysis.add_inspect, analysis.add_parity, analysis.add_fill, training.add_finetune,
-            training.add_distill, training.add_exits, analysis.add_map, training.add_predict, training.add_pretrain]
+            training.add_distill, training.add_exits, analysis.add_map, training.add_predict, training.add_pretrain,
+            analysis.add_probe_over_time, training.add_depth_study]
 assert set(COMMANDS) == set(encoding.COMMANDS + analysis.COMMANDS + training.COMMANDS), "a command left unlisted"
 
 

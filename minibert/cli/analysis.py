@@ -1,5 +1,5 @@
 """Commands that study a model: ``layers`` (per-layer statistics and CKA of one text), ``probe`` (linear
-probes per layer on CoNLL-U labels), ``map`` (2-D maps per layer), ``fill`` (masked-LM predictions and the
+probes per layer on CoNLL-U labels), ``probe-over-time`` (the same across a pre-training run's snapshots), ``map`` (2-D maps per layer), ``fill`` (masked-LM predictions and the
 logit lens), ``parity`` (per-layer differences against transformers or another checkpoint) and ``inspect``
 (parameters, FLOPs, memory). The work is done by ``minibert.analysis`` and ``minibert.tools``."""
 
@@ -86,6 +86,43 @@ def cmd_probe(args) -> int:
         from ..analysis.plots import probe_curve
 
         print(f"wrote {probe_curve(result, plot, title=f'Linear probe for {args.column}, per layer')}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- probe-over-time
+def add_probe_over_time(sub) -> None:
+    p = sub.add_parser("probe-over-time", help="probe every layer of every snapshot of a pre-training run "
+                       "(minibert pretrain --snapshots N): when does each layer learn, which layers settle first",
+                       parents=[plot_option("the layer x step heatmaps"), seed_option(), quiet_option(),
+                                batch_size_option(16)])
+    p.add_argument("run", help="a pre-training run's folder (with snapshots/)")
+    p.add_argument("data", help="a .conllu file")
+    p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
+    p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
+    p.add_argument("--json", help="write the grids (accuracy, control, selectivity, CKA) to this JSON file")
+    p.set_defaults(func=cmd_probe_over_time)
+
+
+def cmd_probe_over_time(args) -> int:
+    from ..analysis.timeline import probe_over_time, save_timeline
+    from ..textfiles import read_conllu
+
+    plot = plot_file(args.plot)
+    json_path = output_file(args.json, ".json", "--json") if args.json else None
+    if not Path(args.run).is_dir():
+        raise InputError(f"run folder not found: {Path(args.run).resolve()}")
+    data = read_conllu(args.data, column=args.column)
+    log = None if args.quiet else print
+    timeline = probe_over_time(args.run, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed, log=log)
+    print(f"probing {args.column} in {args.data} ({len(data)} sentences) across {len(timeline.steps)} snapshots "
+          f"of {args.run}, pool={args.pool}, seed={args.seed}")
+    print(timeline.table())
+    if json_path:
+        print(f"wrote {save_timeline(timeline, json_path)}")
+    if plot:
+        from ..analysis.plots import timeline_heatmaps
+
+        print(f"wrote {timeline_heatmaps(timeline, plot, title=f'Probing {args.column} across time: {args.run}')}")
     return 0
 
 
@@ -296,4 +333,4 @@ def fast_path_routes(config) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = [add_layers, add_probe, add_inspect, add_parity, add_fill, add_map]
+COMMANDS = [add_layers, add_probe, add_probe_over_time, add_inspect, add_parity, add_fill, add_map]

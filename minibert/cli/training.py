@@ -1,13 +1,14 @@
 """Commands that train: ``finetune`` (a task head, with a recipe), ``predict`` (with what finetune wrote),
-``distill`` (a shallower student: sentence embeddings or a task) and ``exits`` (early exits on a
-classifier). Each hands its options to one library pipeline in ``minibert.training``."""
+``distill`` (a shallower student: sentence embeddings or a task), ``exits`` (early exits on a
+classifier), ``pretrain`` (masked LM) and ``depth-study`` (pre-train several depths and compare). Each hands its options to one library pipeline in ``minibert.training``."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from ..errors import InputError, not_found
+from ..errors import InputError, MissingExtra, not_found
 from ..checks import check_max_length, model_limit
 from .common import (batch_size_option, columns_option, max_length_option, model_option, non_negative_float,
                      output_dir, positive_float, positive_int, quiet_option, read_lines, report_truncation, seed_option,
@@ -290,6 +291,8 @@ def add_pretrain(sub) -> None:
     run.add_argument("--eval-every", type=positive_int, help="steps between evaluations")
     run.add_argument("--save-every", type=positive_int, help="steps between checkpoints (default: at the end)")
     run.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (default 3)")
+    run.add_argument("--snapshots", type=positive_int, default=None, help="also keep the model at step 0 and at this "
+                     "many log-spaced steps, in OUT/snapshots/ (for minibert probe-over-time)")
     run.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines (default 10)")
     run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     run.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
@@ -309,6 +312,7 @@ def cmd_pretrain(args) -> int:
     config = PretrainConfig(steps=args.steps, tokens=args.tokens, batch_size=args.batch_size, accumulate=args.accumulate,
                             lr=args.lr, warmup=args.warmup, schedule=args.schedule, bf16=args.bf16,
                             eval_every=args.eval_every, save_every=args.save_every, keep=args.keep,
+                            snapshots=args.snapshots or 0,
                             log_every=args.log_every, seed=args.seed, progress=not args.quiet)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     summary = run_pretraining(args.corpus, args.out, model=args.model, geometry=args.geometry, layers=args.layers,
@@ -322,4 +326,86 @@ def cmd_pretrain(args) -> int:
     return 0
 
 
-COMMANDS = [add_finetune, add_distill, add_exits, add_predict, add_pretrain]
+# -------------------------------------------------------------------------------------- depth-study
+def int_list(text: str) -> tuple[int, ...]:
+    """An argparse type: integers separated by commas (1,2,4)."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,2,4") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least one integer")
+    return values
+
+
+def add_depth_study(sub) -> None:
+    p = sub.add_parser("depth-study", help="pre-train encoders of several depths on one corpus (equal steps and "
+                       "equal compute, seeds for the spread), then measure and plot what depth buys",
+                       parents=[quiet_option()])
+    p.add_argument("--corpus", nargs="+", required=True, help="text files, .jsonl files or folders of them")
+    p.add_argument("--vocab", required=True, help="a folder with vocab.txt (and tokenizer_config.json)")
+    p.add_argument("--eval-texts", required=True, help="held-out text: every model's masked-LM loss on it")
+    p.add_argument("--out", required=True, help="folder for runs/, study.json and the figures")
+    p.add_argument("--conllu", help="a .conllu file: a linear probe per layer of every model (UPOS)")
+    p.add_argument("--task-train", help="a classification task's training CSV (text,label), e.g. TREC-6")
+    p.add_argument("--task-eval", help="its evaluation CSV")
+    p.add_argument("--quick", action="store_true", help="minutes instead of hours: 1, 2, 4 blocks of width 64, "
+                   "60 steps of 16 x 64 (the options below change it)")
+    g = p.add_argument_group("the study (default: 1,2,4,6,8 blocks of 256, 4 heads, FFN 1024, 2000 steps of 32 x 128)")
+    g.add_argument("--depths", type=int_list, help="block counts, e.g. 1,2,4,6,8")
+    g.add_argument("--hidden", type=positive_int)
+    g.add_argument("--heads", type=positive_int)
+    g.add_argument("--intermediate", type=positive_int)
+    g.add_argument("--steps", type=positive_int, help="the equal-steps budget")
+    g.add_argument("--reference-depth", type=positive_int, help="equal compute: the FLOPs this depth spends in "
+                   "--steps steps (default 4)")
+    g.add_argument("--budgets", help="steps, compute or steps,compute (default both)")
+    g.add_argument("--seeds", type=int_list, help="the first everywhere, the others for the "
+                   "equal-steps budget (default 0,1)")
+    g.add_argument("--batch-size", type=positive_int)
+    g.add_argument("--max-length", type=positive_int)
+    g.add_argument("--lr", type=positive_float)
+    g.add_argument("--bf16", action="store_true", help="bf16 autocast while pre-training")
+    g.add_argument("--snapshots", type=positive_int, help="every run keeps this many log-spaced snapshots "
+                   "(minibert probe-over-time)")
+    p.set_defaults(func=cmd_depth_study)
+
+
+def cmd_depth_study(args) -> int:
+    import dataclasses
+
+    from ..training.depth_study import QUICK, DepthStudyConfig, plot_study, run_study, summary_rows
+
+    config = QUICK if args.quick else DepthStudyConfig()
+    changes = {k: getattr(args, k) for k in ("depths", "hidden", "heads", "intermediate", "steps", "reference_depth",
+                                              "seeds", "batch_size", "max_length", "lr", "snapshots")
+               if getattr(args, k) is not None}
+    if args.budgets is not None:
+        changes["budgets"] = tuple(b.strip() for b in args.budgets.split(",") if b.strip())
+    if args.bf16:
+        changes["bf16"] = True
+    config = dataclasses.replace(config, **changes)
+    config.check()
+    if args.quiet:
+        log = None
+    else:
+        def log(line):
+            print(line, file=sys.stderr)
+    results = run_study(args.corpus, args.out, vocab=args.vocab, eval_texts=args.eval_texts, config=config,
+                        conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval, log=log)
+    print(f"{'blocks':>6}  {'budget':>7}  {'seeds':>5}  {'steps':>6}  {'held-out loss':>13}  {'accuracy':>8}  "
+          f"{'probe':>6}  {'task':>6}")
+    for r in summary_rows(results):
+        print(f"{r['depth']:>6}  {r['budget']:>7}  {r['seeds']:>5}  {r['steps']:>6}  {r['eval_loss']:>13.3f}  "
+              f"{r['masked_accuracy']:>8.3f}  {r.get('probe_best', float('nan')):>6.3f}  "
+              f"{r.get('task_accuracy', float('nan')):>6.3f}")
+    try:
+        figures = plot_study(results, args.out)
+    except MissingExtra as e:
+        print(f"no figures: {e}")
+    else:
+        print("wrote " + ", ".join(str(f) for f in figures) + f" and {Path(args.out) / 'study.json'}")
+    return 0
+
+
+COMMANDS = [add_finetune, add_distill, add_exits, add_predict, add_pretrain, add_depth_study]

@@ -70,7 +70,17 @@ def masked_lm_loss(model: BertModel, hidden: torch.Tensor, labels: torch.Tensor)
     return F.cross_entropy(logits.float(), labels[chosen]), logits
 
 
-class BertForMaskedLM(nn.Module):
+class _PreTrainingModel(nn.Module):
+    """What both pre-training models share: how one is made from nothing."""
+
+    @classmethod
+    def from_config(cls, config: BertConfig, *, seed: int = 0):
+        """A model trained from nothing: BERT's N(0, 0.02) initialisation from ``seed`` (encoder and heads)."""
+        torch.manual_seed(seed)
+        return cls(config, seed=seed).train()
+
+
+class BertForMaskedLM(_PreTrainingModel):
     """The encoder and its masked-LM head (transformers' ``BertForMaskedLM``: no pooler)."""
 
     def __init__(self, config: BertConfig, *, add_pooler: bool = False, seed: int = 0):
@@ -99,18 +109,12 @@ class BertForMaskedLM(nn.Module):
         _add_fresh(model, [], seed, source)
         return model
 
-    @classmethod
-    def from_config(cls, config: BertConfig, *, seed: int = 0):
-        """A model trained from nothing: BERT's N(0, 0.02) initialisation from ``seed`` (encoder and head)."""
-        torch.manual_seed(seed)
-        return cls(config, seed=seed).train()
-
     def save_pretrained(self, directory) -> None:
         """config.json + model.safetensors that transformers loads as ``BertForMaskedLM`` (and ``BertModel``)."""
         save_model(self.bert, directory)
 
 
-class BertForPreTraining(nn.Module):
+class BertForPreTraining(_PreTrainingModel):
     """The encoder with both pre-training heads (transformers' ``BertForPreTraining``): loss = MLM + NSP."""
 
     checkpoint_head = "cls.seq_relationship"  # save_model writes the NSP head under these names
@@ -160,11 +164,6 @@ class BertForPreTraining(nn.Module):
             model.nsp.load_state_dict(nsp, assign=True)
         _add_fresh(model, fresh, seed, source)
         return model
-
-    @classmethod
-    def from_config(cls, config: BertConfig, *, seed: int = 0):
-        torch.manual_seed(seed)
-        return cls(config, seed=seed).train()
 
     def save_pretrained(self, directory) -> None:
         """config.json + model.safetensors that transformers loads as ``BertForPreTraining``."""

@@ -10,6 +10,7 @@ For BERT-base (12 blocks, H = 768, F = 3072, h = 12, vocab 30522, 512 positions,
 Forward FLOPs per token (a multiply-add = 2 FLOPs), the usual convention (Kaplan et al. 2020):
 2 x (block parameters) for the dense layers, plus 4 x N x H x T for q k^T and probs @ v over T tokens;
 the pooler adds 2 x (H^2 + H) once per sequence. LayerNorm, softmax and GELU are not counted.
+``pretraining_flops``: a masked-LM training step (3 x forward, the head at the masked tokens only).
 """
 
 from __future__ import annotations
@@ -79,6 +80,19 @@ def forward_flops(model_or_config, batch: int, seq_len: int) -> int:
     """FLOPs of one forward pass over a dense (batch, seq_len) input."""
     f = flops_per_token(model_or_config, seq_len)
     return batch * seq_len * f["total"] + batch * f["pooler_per_sequence"]
+
+
+def pretraining_flops(config: BertConfig, batch: int, seq_len: int, mask: float = 0.15) -> int:
+    """FLOPs of one masked-LM training step over a dense (batch, seq_len) input: 3 x forward (the backward
+    pass costs about twice the forward; Kaplan et al. 2020) of the blocks, plus the masked-LM head at the
+    masked tokens only (its transform, 2 H^2, and the tied decoder, 2 H V, per masked token -- the sparse
+    prediction ``models.pretraining`` does). For small widths the head is a large share: at H = 256 the
+    decoder costs as much per masked token as ~2 blocks per token."""
+    check_index("seq_len", seq_len, 1, config.max_position_embeddings, "max_position_embeddings")
+    tokens = batch * seq_len
+    blocks = tokens * flops_per_token(config, seq_len)["total"]
+    head = round(tokens * mask) * (2 * config.hidden_size ** 2 + 2 * config.hidden_size * config.vocab_size)
+    return 3 * (blocks + head)
 
 
 def activation_memory(model_or_config, batch: int, seq_len: int, dtype=torch.float32,

@@ -8,6 +8,7 @@
         every log_every steps: a line of log.jsonl (loss, learning rate, tokens/s)
         every eval_every steps: held-out masked-LM loss, perplexity, masked-token accuracy (a fixed mask)
         every save_every steps: a checkpoint folder, written atomically; the last ``keep`` kept
+        at the snapshot steps (step 0 and ``snapshots`` log-spaced ones): the model alone, kept for good
 
 **AdamW as RoBERTa set it**: betas (0.9, 0.98), eps 1e-6, weight decay 0.01 on weights only, warmup over
 the first 6 % of the steps. **Mixed precision**: bf16 autocast on a CPU with bf16 units (a warning where
@@ -40,8 +41,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..analysis.timeline import snapshot_folder
 from ..checks import check_fraction, check_positive
 from ..errors import InputError
+from ..loading import copy_tokenizer
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
 from .loop import parameter_groups, rng_state, set_rng_state
@@ -70,6 +73,7 @@ class PretrainConfig:
     eval_examples: int = 256  # held-out examples per evaluation (always the same ones, the same masks)
     save_every: int | None = None  # steps
     keep: int = 3  # checkpoints kept
+    snapshots: int = 0  # also keep the model at step 0 and at this many log-spaced steps (probing across time)
     log_every: int = 10  # steps
     seed: int = 0
     progress: bool = True
@@ -79,6 +83,8 @@ class PretrainConfig:
             raise InputError("give either steps or tokens (a budget), not both and not neither")
         for name in ("batch_size", "accumulate", "keep", "log_every", "eval_examples"):
             check_positive(name, getattr(self, name))
+        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) or self.snapshots < 0:
+            raise InputError(f"snapshots={self.snapshots!r} must be an int >= 0 (0: none)")
         for name in ("steps", "tokens", "eval_every", "save_every"):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name))
@@ -98,6 +104,17 @@ class PretrainConfig:
     def recorded(self) -> dict:
         """What a resumed run must share with the run it continues."""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k != "progress"}
+
+
+def snapshot_steps(steps: int, count: int) -> list[int]:
+    """Step 0 (the initialisation) and ``count`` steps spaced evenly in log(step) from 1 to ``steps``
+    (rounded; a step named twice is kept once, so short runs get fewer). Early steps are dense because
+    that is where a model changes fastest (Liu et al. 2021 and Chiang et al. 2020 probe along such a grid)."""
+    if count <= 0:
+        return []
+    if count == 1:
+        return [0, steps]
+    return sorted({0, *(round(steps ** (i / (count - 1))) for i in range(count))})
 
 
 def schedule(optimizer, warmup_steps: int, total_steps: int, kind: str = "linear"):
@@ -145,6 +162,13 @@ def _device(model: nn.Module) -> torch.device:
 
 
 # ------------------------------------------------------------------------------------- checkpoints
+def _save_snapshot(out_dir: Path, model, step: int, tokenizer_source) -> None:
+    with atomic_dir(snapshot_folder(out_dir, step)) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer_source is not None:
+            copy_tokenizer(tokenizer_source, tmp)
+
+
 def checkpoints(out_dir: Path) -> list[Path]:
     """The complete checkpoint folders of a run, oldest first."""
     folder = out_dir / "checkpoints"
@@ -153,10 +177,12 @@ def checkpoints(out_dir: Path) -> list[Path]:
 
 
 def _save_checkpoint(out_dir: Path, model, optimizer, scheduler, scaler, config: PretrainConfig, step: int,
-                     consumed: int, rng_states: list, keep: int) -> Path:
+                     consumed: int, rng_states: list, keep: int, tokenizer_source=None) -> Path:
     folder = out_dir / "checkpoints" / f"step-{step:06d}"
     with atomic_dir(folder) as tmp:
         model.save_pretrained(tmp)
+        if tokenizer_source is not None:
+            copy_tokenizer(tokenizer_source, tmp)
         torch.save({"step": step, "consumed": consumed, "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
                     "rng": rng_states, "config": config.recorded(), "model": model.state_dict()}, tmp / STATE_FILE)
@@ -172,7 +198,7 @@ def _load_checkpoint(folder: Path, config: PretrainConfig, device) -> dict:
         raise InputError(f"{folder / STATE_FILE} cannot be read as a training state ({type(e).__name__}: {e})") from None
     now = config.recorded()
     differs = [f"{k}={saved['config'].get(k)!r} then, {v!r} now" for k, v in now.items()
-               if k not in ("eval_every", "eval_examples", "save_every", "keep", "log_every")
+               if k not in ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots")
                and saved["config"].get(k) != v]
     if differs:
         raise InputError(f"resume: {folder} was written by a run with other settings ({'; '.join(differs)}); give "
@@ -182,11 +208,12 @@ def _load_checkpoint(folder: Path, config: PretrainConfig, device) -> dict:
 
 # --------------------------------------------------------------------------------------------- the loop
 def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_dir, *,
-             eval_examples: Examples | None = None, resume: bool = False,
+             eval_examples: Examples | None = None, resume: bool = False, tokenizer_source=None,
              log: Callable[[str], None] | None = None) -> dict:
     """Train ``model`` (a ``BertForMaskedLM`` or ``BertForPreTraining``) on ``examples``; write checkpoints,
     ``log.jsonl`` and, at the end, the model itself into ``out_dir``. Returns the last evaluation (or the
-    last training loss) with the steps, tokens and seconds."""
+    last training loss) with the steps, tokens and seconds. ``tokenizer_source``: a folder whose tokenizer
+    files every checkpoint and snapshot gets a copy of, so each one loads on its own."""
     config.check()
     if config.eval_every is not None and eval_examples is None:
         raise InputError("eval_every needs held-out examples (eval texts)")
@@ -248,6 +275,9 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
         bar.unit = "step"
     bar.update(start)
     model.train()
+    keep_at = set(snapshot_steps(steps, config.snapshots))
+    if rank == 0 and start == 0 and 0 in keep_at:
+        _save_snapshot(out_dir, model, 0, tokenizer_source)
     started, window_tokens, window_loss, window_steps, last = time.perf_counter(), 0, 0.0, 0, {}
     per_step = config.batch_size * config.accumulate
     for step in range(start, steps):
@@ -310,6 +340,8 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
                 f.write(json.dumps(record) + "\n")
             if log is not None:
                 log(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+        if done in keep_at and rank == 0:
+            _save_snapshot(out_dir, model, done, tokenizer_source)
         if config.save_every and (done % config.save_every == 0 or done == steps):
             states = [None] * world
             if world > 1:
@@ -318,7 +350,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
                 states = [rng_state()]
             if rank == 0:
                 _save_checkpoint(out_dir, model, optimizer, scheduler, scaler, config, done, consumed, states,
-                                 config.keep)
+                                 config.keep, tokenizer_source)
             if world > 1:
                 torch.distributed.barrier()
     bar.close()

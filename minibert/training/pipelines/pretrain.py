@@ -15,6 +15,7 @@ The geometries are the BERT miniatures of Turc et al. 2019 (layers x hidden, hea
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Callable, Sequence
 
 from ...config import BertConfig
@@ -57,10 +58,12 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                     intermediate: int | None = None, vocab: str | None = None, max_length: int = 128,
                     nsp: bool = False, whole_word: bool = False, mask: float = 0.15,
                     config: PretrainConfig = PretrainConfig(steps=1000), eval_texts=None, mix: str | None = None,
-                    dropout: float | None = None, resume: bool = False,
+                    dropout: float | None = None, resume: bool = False, store=None,
                     log: Callable[[str], None] | None = None) -> dict:
     """The whole command (see the module docstring). ``dropout``: every dropout of the model at this
-    probability while it trains (None: the config's, 0.1 from scratch). Returns ``pretrain``'s summary."""
+    probability while it trains (None: the config's, 0.1 from scratch). ``store``: the corpus' token store
+    folder (default OUT/store; runs on one corpus and vocabulary can share one). Returns ``pretrain``'s
+    summary."""
     from ...checks import check_fraction
     from ...models.pretraining import BertForMaskedLM, BertForPreTraining
 
@@ -91,7 +94,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
         raise InputError(f"--max-length {max_length} is more than the model's {bert_config.max_position_embeddings} "
                          "positions")
     rule = MaskingRule(probability=mask, whole_word=whole_word)
-    store = _store(files, tokenizer, out_dir / "store", config, log)
+    store = _store(files, tokenizer, out_dir / "store" if store is None else Path(store), config, log)
     examples = Examples(store, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=config.seed)
     if mix is not None:
         path, _, share = mix.rpartition(":")
@@ -126,12 +129,15 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
             f"{config.batch_size * config.accumulate} examples ({steps * config.batch_size * config.accumulate / examples.per_epoch:.2f} epochs)")
     from ...tools.surgery import check_dropout, dropout as dropout_at
 
+    source = vocab if scratch else model  # the tokenizer files every checkpoint and snapshot gets
     if dropout is None:
-        summary = pretrain(net, examples, config, out_dir, eval_examples=held, resume=resume, log=log)
+        summary = pretrain(net, examples, config, out_dir, eval_examples=held, resume=resume, tokenizer_source=source,
+                           log=log)
     else:
         check_dropout(dropout)
         with dropout_at(net, dropout):
-            summary = pretrain(net, examples, config, out_dir, eval_examples=held, resume=resume, log=log)
+            summary = pretrain(net, examples, config, out_dir, eval_examples=held, resume=resume,
+                               tokenizer_source=source, log=log)
     if rank == 0:
         copy_tokenizer(vocab if scratch else model, out_dir)
     return summary

@@ -1,0 +1,267 @@
+"""A depth study: does a deeper encoder help, and where do the gains stop?
+
+The BERT paper answers with one table (Devlin et al. 2019, Table 6: at H = 768, 3 -> 6 -> 12 layers take
+the held-out masked-LM perplexity from 5.84 to 4.68 to 3.99); Turc et al. 2019 with 24 miniatures. This
+module reruns that question on the text at hand, as one function (and ``minibert depth-study``):
+
+    for each depth in ``depths`` (one width, heads and FFN; one corpus, vocabulary, mask rule, seed):
+        pre-train from scratch under each budget --
+            "steps":   the same number of steps, so the same tokens (as Table 6)
+            "compute": the training FLOPs ``reference_depth`` spends in those steps
+                       (``tools.accounting.pretraining_flops``), so shallower models see more tokens
+        (the "steps" budget again with every extra seed in ``seeds``: the spread of a setting, as
+        MultiBERTs measured it, to set the differences between depths against)
+        then measure: held-out masked-LM loss, perplexity and masked-token accuracy (the same held-out
+        examples and masks for every model), parameters, forward time of one batch (alternating, in one
+        process), and -- when given -- a linear probe per layer (CoNLL-U, with its control task) and
+        fine-tuning accuracy on a classification task (e.g. TREC-6; the classifier's pooler starts fresh,
+        as a masked-LM checkpoint has none)
+
+Every run lives in its own folder under ``out_dir/runs`` (a normal ``minibert pretrain`` output), all
+share one token store, and ``study.json`` is rewritten after each run: a study that is stopped picks up
+at the first run without a finished model. ``plot_study`` draws loss vs depth for both budgets,
+downstream vs depth and the probe curves of all depths on one plot.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..checks import check_positive
+from ..errors import InputError
+from ..textfiles import write_text_atomic
+
+BUDGETS = ("steps", "compute")
+
+
+@dataclass(frozen=True)
+class DepthStudyConfig:
+    depths: tuple[int, ...] = (1, 2, 4, 6, 8)
+    hidden: int = 256
+    heads: int = 4
+    intermediate: int = 1024
+    steps: int = 2000  # the equal-steps budget
+    reference_depth: int = 4  # equal compute: the FLOPs this depth spends in ``steps`` steps
+    budgets: tuple[str, ...] = BUDGETS
+    seeds: tuple[int, ...] = (0, 1)  # seeds[0] everywhere; the others for the equal-steps budget
+    batch_size: int = 32
+    max_length: int = 128
+    lr: float = 1e-3
+    warmup: float = 0.06
+    dropout: float = 0.0  # short runs learn faster without it (Geiping & Goldstein 2022, "Cramming")
+    bf16: bool = False
+    eval_examples: int = 256
+    snapshots: int = 0  # probing across time: snapshots kept by every run (analysis.timeline)
+    probe_sentences: int | None = None  # the first N CoNLL-U sentences (None: all)
+    task_epochs: int = 2
+    task_lr: float = 1e-4
+
+    def check(self) -> None:
+        if not self.depths or any(not isinstance(d, int) or d < 1 for d in self.depths):
+            raise InputError(f"depths={self.depths!r}: give one or more block counts >= 1")
+        if len(set(self.depths)) != len(self.depths):
+            raise InputError(f"depths={self.depths!r} names a depth twice")
+        for name in ("hidden", "heads", "intermediate", "steps", "reference_depth", "batch_size", "max_length",
+                     "eval_examples", "task_epochs"):
+            check_positive(name, getattr(self, name))
+        if self.hidden % self.heads:
+            raise InputError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if not self.budgets or any(b not in BUDGETS for b in self.budgets):
+            raise InputError(f"budgets={self.budgets!r}: use one or both of {BUDGETS}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise InputError(f"seeds={self.seeds!r}: give one or more different seeds")
+
+
+#: --quick: minutes, not hours (a tutorial, a smoke test): small widths, few steps
+QUICK = DepthStudyConfig(depths=(1, 2, 4), hidden=64, heads=2, intermediate=256, steps=60, reference_depth=2,
+                         batch_size=16, max_length=64, lr=2e-3, eval_examples=64, probe_sentences=60, task_epochs=1)
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    depth: int
+    budget: str
+    seed: int
+    steps: int
+    flops: int  # training FLOPs of the whole run
+
+    @property
+    def name(self) -> str:
+        return f"L{self.depth}-{self.budget}-seed{self.seed}"
+
+
+def bert_config(config: DepthStudyConfig, depth: int, vocab_size: int):
+    from ..config import BertConfig
+
+    return BertConfig(vocab_size=vocab_size, hidden_size=config.hidden, num_hidden_layers=depth,
+                      num_attention_heads=config.heads, intermediate_size=config.intermediate,
+                      max_position_embeddings=max(512, config.max_length))
+
+
+def plan(config: DepthStudyConfig, vocab_size: int) -> list[StudyRun]:
+    """The runs of a study, cheapest budget first. Under "compute" a depth gets
+    round(steps x FLOPs(reference) / FLOPs(depth)) steps (at least 1)."""
+    from ..tools.accounting import pretraining_flops
+
+    config.check()
+    per_step = {d: pretraining_flops(bert_config(config, d, vocab_size), config.batch_size, config.max_length)
+                for d in {*config.depths, config.reference_depth}}
+    budget = config.steps * per_step[config.reference_depth]
+    runs = []
+    if "steps" in config.budgets:
+        runs += [StudyRun(d, "steps", seed, config.steps, config.steps * per_step[d])
+                 for seed in config.seeds for d in config.depths]
+    if "compute" in config.budgets:
+        for d in config.depths:
+            steps = max(1, round(budget / per_step[d]))
+            runs.append(StudyRun(d, "compute", config.seeds[0], steps, steps * per_step[d]))
+    return runs
+
+
+def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStudyConfig = DepthStudyConfig(),
+              conllu=None, task_train=None, task_eval=None, log: Callable[[str], None] | None = print) -> dict:
+    """Pre-train and measure every run of ``plan(config)`` (see the module docstring); returns (and keeps
+    in ``out_dir/study.json``) the config, the runs and their measures. ``conllu``: a CoNLL-U file for the
+    probe; ``task_train`` / ``task_eval``: CSV files of a classification task (text, label)."""
+    from ..textfiles import output_dir, read_conllu
+    from ..tokenizer import BertTokenizer
+    from .pretrain_data import TokenStore, corpus_files
+
+    config.check()
+    if (task_train is None) != (task_eval is None):
+        raise InputError("give both task_train and task_eval (a classification task's files), or neither")
+    out_dir = output_dir(out_dir)
+    tokenizer = BertTokenizer.from_pretrained(vocab)
+    probe_data = None
+    if conllu is not None:
+        probe_data = read_conllu(conllu)[: config.probe_sentences]
+    files = corpus_files(corpus)
+    store = out_dir / "store"
+    TokenStore.build(files, tokenizer, store, progress=log is not None, log=log)  # once, shared by every run
+    path = out_dir / "study.json"
+    results = {"config": json.loads(json.dumps(asdict(config))), "runs": {}}  # as JSON keeps it (lists)
+    if path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("config") != results["config"]:
+            raise InputError(f"{path} was written by a study with other settings: give the same settings, or "
+                             "another --out")
+        results = saved
+    runs = plan(config, len(tokenizer.vocab))
+    (out_dir / "runs").mkdir(exist_ok=True)
+    (out_dir / "tasks").mkdir(exist_ok=True)
+    for k, run in enumerate(runs):
+        if run.name in results["runs"]:
+            continue
+        if log is not None:
+            log(f"[{k + 1}/{len(runs)}] {run.name}: {run.steps} steps ({run.flops / 1e12:.2f} TFLOP)")
+        folder = out_dir / "runs" / run.name
+        measures = _pretrain_one(run, folder, files, store, vocab, eval_texts, config, log)
+        measures.update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval, out_dir / "tasks",
+                                 log))
+        results["runs"][run.name] = {**asdict(run), **measures}
+        write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+    results["speed"] = _forward_times([out_dir / "runs" / r.name for r in runs if r.budget == runs[0].budget
+                                       and r.seed == config.seeds[0]], config)
+    write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, config: DepthStudyConfig,
+                  log) -> dict:
+    from .pipelines.pretrain import run_pretraining
+    from .pretrain import PretrainConfig
+
+    pconfig = PretrainConfig(steps=run.steps, batch_size=config.batch_size, lr=config.lr, warmup=config.warmup,
+                             bf16=config.bf16, eval_every=run.steps, eval_examples=config.eval_examples,
+                             save_every=max(1, run.steps // 4), keep=1, log_every=max(1, run.steps // 20),
+                             snapshots=config.snapshots, seed=run.seed, progress=log is not None)
+    summary = run_pretraining(files, folder, layers=run.depth, hidden=config.hidden, heads=config.heads,
+                              intermediate=config.intermediate, vocab=str(vocab), max_length=config.max_length,
+                              config=pconfig, eval_texts=eval_texts, dropout=config.dropout, resume=True,
+                              store=store, log=None)
+    return {"eval_loss": summary["eval_loss"], "perplexity": summary["perplexity"],
+            "masked_accuracy": summary["masked_accuracy"], "tokens": run.steps * config.batch_size * config.max_length}
+
+
+def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task_train, task_eval, work: Path,
+             log) -> dict:
+    from ..models import BertModel
+
+    model = BertModel.from_pretrained(folder)
+    counts = model.parameter_counts()
+    out = {"parameters": counts["total"], "non_embedding_parameters": counts["non_embedding"]}
+    if probe_data is not None:
+        from ..analysis.probing import probe_model
+
+        probe = probe_model(model, tokenizer, probe_data, progress=False)
+        out.update(probe_accuracy=probe.accuracy, probe_control=probe.control_accuracy,
+                   probe_selectivity=probe.selectivity, probe_best_layer=probe.best_layer)
+    if task_train is not None:
+        from .loop import FitConfig
+        from .pipelines.finetune import finetune
+
+        with warnings.catch_warnings():  # a masked-LM checkpoint has no pooler: the classifier starts a fresh one
+            warnings.filterwarnings("ignore", message=".*has no pooler")
+            history = finetune(task_train, task_eval, str(folder), work / folder.name,
+                               config=FitConfig(epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False),
+                               batch_size=32, max_length=64, log=None)
+        out["task_accuracy"] = history.best_metric
+    if log is not None:
+        log("  " + ", ".join(f"{k} {v:.4g}" for k, v in out.items() if isinstance(v, float)))
+    return out
+
+
+def _forward_times(folders: list[Path], config: DepthStudyConfig, rounds: int = 7) -> dict:
+    """Milliseconds of one forward pass (8 x max_length, fp32, no gradients) of each depth, alternating in
+    one process (median and quartiles)."""
+    import torch
+
+    from ..models import BertModel
+    from ..tools.timing import alternate, spread
+
+    models = {f.name: BertModel.from_pretrained(f).eval() for f in folders}
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 2000, (8, config.max_length), generator=generator)
+
+    def call(model):
+        def run():
+            with torch.inference_mode():
+                model(ids)
+        return run
+    times = alternate({name: call(m) for name, m in models.items()}, rounds, warmup=1, rotate=True)
+    return {name: {"ms": statistics.median(t) * 1e3, "quartiles_ms": [x * 1e3 for x in spread(t)]}
+            for name, t in times.items()}
+
+
+# ---------------------------------------------------------------------------------------------- figures
+def summary_rows(results: dict) -> list[dict]:
+    """One row per (depth, budget): the mean over seeds of each measure, with the seeds' spread."""
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for run in results["runs"].values():
+        groups.setdefault((run["depth"], run["budget"]), []).append(run)
+    rows = []
+    for (depth, budget), runs in sorted(groups.items(), key=lambda kv: (BUDGETS.index(kv[0][1]), kv[0][0])):
+        losses = [r["eval_loss"] for r in runs]
+        row = {"depth": depth, "budget": budget, "seeds": len(runs), "steps": runs[0]["steps"],
+               "tokens": runs[0]["tokens"], "flops": runs[0]["flops"], "parameters": runs[0]["parameters"],
+               "eval_loss": statistics.mean(losses), "eval_loss_range": [min(losses), max(losses)],
+               "masked_accuracy": statistics.mean(r["masked_accuracy"] for r in runs)}
+        if "task_accuracy" in runs[0]:
+            row["task_accuracy"] = statistics.mean(r["task_accuracy"] for r in runs)
+        if "probe_accuracy" in runs[0]:
+            row["probe_best"] = statistics.mean(max(r["probe_accuracy"]) for r in runs)
+        rows.append(row)
+    return rows
+
+
+def plot_study(results: dict, folder, name: str = "depth") -> list[Path]:
+    """The study's figures in ``folder`` (``analysis.plots.depth_study_figures``): loss vs depth for both
+    budgets, downstream vs depth, every depth's probe curve. Returns the files written."""
+    from ..analysis.plots import depth_study_figures
+
+    return depth_study_figures(summary_rows(results), list(results["runs"].values()), folder, name)

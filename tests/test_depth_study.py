@@ -1,0 +1,109 @@
+"""The depth study (training/depth_study.py, ``minibert depth-study``): the plan's budgets, a tiny study end
+to end (runs, measures, figures, study.json), picking up where it stopped, and its errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from conftest import POS_SAMPLE, cli_error
+from minibert import InputError
+from minibert.training.depth_study import DepthStudyConfig, bert_config, plan, run_study, summary_rows
+
+TINY = DepthStudyConfig(depths=(1, 2), hidden=32, heads=2, intermediate=64, steps=4, reference_depth=2,
+                        seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=12,
+                        task_epochs=1)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, sentences_dir):
+    folder = tmp_path_factory.mktemp("study-data")
+    lines = [s for s in (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n") if s.strip()]
+    (folder / "train.txt").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    held = [s for s in (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n") if s.strip()]
+    (folder / "held.txt").write_text("\n".join(held[:40]) + "\n", encoding="utf-8")
+    for name, part in (("task_train.csv", lines[300:360]), ("task_eval.csv", lines[360:390])):
+        with open(folder / name, "w", newline="", encoding="utf-8") as f:  # a task: is there a "!" in it?
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows([text, "loud" if "!" in text else "calm"] for text in part)
+    return folder
+
+
+def test_the_plan_spends_equal_steps_or_equal_flops():
+    from minibert.tools.accounting import pretraining_flops
+
+    config = DepthStudyConfig()  # the full study: 1, 2, 4, 6, 8 blocks of 256
+    runs = plan(config, 30522)
+    steps = [r for r in runs if r.budget == "steps"]
+    compute = [r for r in runs if r.budget == "compute"]
+    assert [(r.depth, r.seed) for r in steps] == [(d, s) for s in (0, 1) for d in (1, 2, 4, 6, 8)]
+    assert all(r.steps == 2000 for r in steps) and [r.depth for r in compute] == [1, 2, 4, 6, 8]
+    budget = 2000 * pretraining_flops(bert_config(config, 4, 30522), 32, 128)
+    for r in compute:  # the same FLOPs, within one step's worth; shallower models take more steps
+        one = pretraining_flops(bert_config(config, r.depth, 30522), 32, 128)
+        assert abs(r.flops - budget) <= one / 2 and r.flops == r.steps * one
+    assert [r.steps for r in compute] == sorted((r.steps for r in compute), reverse=True)
+    assert next(r for r in compute if r.depth == 4).steps == 2000
+    # the masked-LM head at 15 % of the tokens: 3 x 0.15 x (2 H^2 + 2 H V) a token beside 3 x 2 x (block params)
+    one_block = pretraining_flops(bert_config(config, 2, 30522), 1, 128) - pretraining_flops(bert_config(config, 1, 30522), 1, 128)
+    assert one_block == 3 * 128 * (2 * (4 * (256 * 256 + 256) + 2 * 256 * 1024 + 1024 + 256 + 4 * 256) + 4 * 256 * 128)
+    for bad, message in ((dict(depths=()), "depths"), (dict(depths=(2, 2)), "twice"), (dict(hidden=30), "divisible"),
+                         (dict(budgets=("tokens",)), "budgets"), (dict(seeds=(1, 1)), "seeds")):
+        with pytest.raises(InputError, match=message):
+            plan(DepthStudyConfig(**bad), 30522)
+
+
+def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_dir, tmp_path, capsys):
+    out = tmp_path / "study"
+    results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
+                        conllu=POS_SAMPLE, log=None)
+    names = {"L1-steps-seed0", "L2-steps-seed0", "L1-steps-seed1", "L2-steps-seed1", "L1-compute-seed0",
+             "L2-compute-seed0"}
+    assert set(results["runs"]) == names and json.loads((out / "study.json").read_text())["runs"].keys() == names
+    for name, run in results["runs"].items():
+        assert (out / "runs" / name / "model.safetensors").exists() and run["eval_loss"] > 0
+        assert len(run["probe_accuracy"]) == run["depth"] + 1 and "task_accuracy" not in run
+    assert results["runs"]["L1-steps-seed0"]["eval_loss"] != results["runs"]["L1-steps-seed1"]["eval_loss"]
+    assert results["runs"]["L1-compute-seed0"]["steps"] >= results["runs"]["L2-compute-seed0"]["steps"] == 4
+    assert set(results["speed"]) == {"L1-steps-seed0", "L2-steps-seed0"}
+    rows = summary_rows(results)
+    assert [(r["depth"], r["budget"], r["seeds"]) for r in rows] == [(1, "steps", 2), (2, "steps", 2),
+                                                                     (1, "compute", 1), (2, "compute", 1)]
+    low, high = rows[0]["eval_loss_range"]
+    assert low <= rows[0]["eval_loss"] <= high and low < high
+
+    model = out / "runs" / "L1-steps-seed0" / "model.safetensors"
+    stamp = model.stat().st_mtime_ns
+    again = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
+                      conllu=POS_SAMPLE, log=None)
+    assert model.stat().st_mtime_ns == stamp and again["runs"] == results["runs"]  # nothing trained again
+    with pytest.raises(InputError, match="other settings"):
+        run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt",
+                  config=DepthStudyConfig(**{**TINY.__dict__, "steps": 5}), log=None)
+
+
+def test_the_cli_runs_a_study_and_draws_it(files, minilm_dir, tmp_path, capsys):
+    from minibert.cli import main
+
+    out = tmp_path / "cli-study"
+    assert main(["depth-study", "--corpus", str(files / "train.txt"), "--vocab", str(minilm_dir), "--eval-texts",
+                 str(files / "held.txt"), "--out", str(out), "--quick", "--depths", "1,2", "--hidden", "32",
+                 "--intermediate", "64", "--steps", "3", "--seeds", "0", "--budgets", "steps", "--batch-size", "4",
+                 "--max-length", "16", "--task-train", str(files / "task_train.csv"), "--task-eval",
+                 str(files / "task_eval.csv"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "held-out loss" in printed and "depth_loss.png" in printed
+    for name in ("depth_loss.png", "depth_downstream.png", "study.json"):
+        assert (out / name).stat().st_size > 0
+    assert not (out / "depth_probes.png").exists()  # no --conllu, no probe curves
+    runs = json.loads((out / "study.json").read_text())["runs"]
+    assert set(runs) == {"L1-steps-seed0", "L2-steps-seed0"} and all(0 <= r["task_accuracy"] <= 1 for r in runs.values())
+    with pytest.raises(SystemExit):  # argparse's own error, with the usage
+        main(["depth-study", "--corpus", "x", "--vocab", "v", "--eval-texts", "h", "--out", "o", "--depths", "1,b"])
+    assert "argument --depths: '1,b': give integers separated by commas" in capsys.readouterr().err
+    line = cli_error(capsys, "depth-study", "--corpus", str(files / "train.txt"), "--vocab", str(minilm_dir),
+                     "--eval-texts", str(files / "held.txt"), "--out", str(tmp_path / "o"), "--quick", "--hidden", "33")
+    assert "hidden=33 is not divisible by heads=2" in line
