@@ -80,6 +80,14 @@ def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_di
     again = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
                       conllu=POS_SAMPLE, log=None)
     assert model.stat().st_mtime_ns == stamp and again["runs"] == results["runs"]  # nothing trained again
+    saved = json.loads((out / "study.json").read_text())
+    del saved["runs"]["L2-compute-seed0"]  # stopped after its training, before its measures
+    (out / "study.json").write_text(json.dumps(saved))
+    trained = out / "runs" / "L2-compute-seed0" / "model.safetensors"
+    stamp = trained.stat().st_mtime_ns
+    measured = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
+                         conllu=POS_SAMPLE, log=None)
+    assert trained.stat().st_mtime_ns == stamp and measured["runs"] == results["runs"]
     with pytest.raises(InputError, match="other settings"):
         run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt",
                   config=DepthStudyConfig(**{**TINY.__dict__, "steps": 5}), log=None)

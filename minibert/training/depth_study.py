@@ -180,10 +180,19 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
                              bf16=config.bf16, eval_every=run.steps, eval_examples=config.eval_examples,
                              save_every=max(1, run.steps // 4), keep=1, log_every=max(1, run.steps // 20),
                              snapshots=config.snapshots, seed=run.seed, progress=log is not None)
+    finished = folder / "pretrain.json"
+    if finished.exists():  # trained before the study stopped, not yet measured: its summary is on disk
+        saved = json.loads(finished.read_text(encoding="utf-8"))
+        if saved.get("steps") == run.steps and "eval_loss" in saved.get("last", {}):
+            return _pretrain_measures(saved["last"], run, config)
     summary = run_pretraining(files, folder, layers=run.depth, hidden=config.hidden, heads=config.heads,
                               intermediate=config.intermediate, vocab=str(vocab), max_length=config.max_length,
                               config=pconfig, eval_texts=eval_texts, dropout=config.dropout, resume=True,
                               store=store, log=None)
+    return _pretrain_measures(summary, run, config)
+
+
+def _pretrain_measures(summary: dict, run: StudyRun, config: DepthStudyConfig) -> dict:
     return {"eval_loss": summary["eval_loss"], "perplexity": summary["perplexity"],
             "masked_accuracy": summary["masked_accuracy"], "tokens": run.steps * config.batch_size * config.max_length}
 
