@@ -13,10 +13,18 @@ Parts (``--parts``; results to benchmarks/results/NAME.json and NAME.md, ``--nam
   difference after AdamW.
 * ``corpus``: the English text ``data/fetch_data.py`` reaches, tokenised (documents, sentences, tokens).
 * ``run``: a from-scratch pre-training run (``--geometry``, ``--minutes`` of budget turned into steps by a
-  short timing), its loss curve (a plot) and held-out perplexity / masked-token accuracy.
+  short timing; ``--lr``, ``--dropout``, ``--bf16``), its loss curve (a plot) and held-out perplexity /
+  masked-token accuracy. A finished run's folder is reused, not trained again.
+* ``stopped``: runs of ``run`` stopped before their end, with their last evaluation.
+* ``downstream``: a UPOS probe per layer and TREC-6 fine-tuning of the run's model against the same
+  geometry from random initialisation (``--epochs``).
+* ``continued``: all-MiniLM-L6-v2 pre-trained further on tweets (``--continued-steps``), with and without
+  20 % general text replayed; WNUT-16 entity F1, TREC-6 accuracy and the embedding agreement with the original.
+* ``report``: only write NAME.md again from NAME.json.
 
     python benchmarks/bench_pretrain.py --parts throughput,parity      # ~5 minutes on 2 cores
-    python benchmarks/bench_pretrain.py --parts corpus,run --minutes 60
+    python benchmarks/bench_pretrain.py --parts corpus,run,downstream --minutes 60 --epochs 2
+    python benchmarks/bench_pretrain.py --parts continued --continued-steps 300 --epochs 2   # ~40 minutes
 """
 
 from __future__ import annotations
@@ -245,6 +253,28 @@ def part_run(args, work, results):
     plot_run(log, ROOT / "docs" / "img" / f"{args.name}_run.png", args.geometry)
 
 
+def part_stopped(args, work, results):
+    """Runs of this bench that were stopped before their end (no pretrain.json): their settings (from the
+    newest checkpoint and the folder's name) and last held-out evaluation, beside the finished run's at the
+    nearest step."""
+    import re
+
+    from minibert.training.pretrain import checkpoints
+
+    stopped = []
+    for folder in sorted((RESULTS / "pretrain-runs.tmp").glob(f"{args.geometry}-*min*")):
+        found = checkpoints(folder)
+        if (folder / "pretrain.json").exists() or not found or not (folder / "log.jsonl").exists():
+            continue
+        config = torch.load(found[-1] / "training_state.pt", map_location="cpu", weights_only=True)["config"]
+        evals = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines() if "eval_loss" in line]
+        dropout = re.search(r"-dropout([0-9.]+)", folder.name)
+        stopped.append({"folder": str(folder.relative_to(ROOT)), "planned_steps": config["steps"], "lr": config["lr"],
+                        "bf16": config["bf16"], "dropout": float(dropout.group(1)) if dropout else None,
+                        "last_eval": evals[-1] if evals else None})
+    results["stopped_runs"] = stopped
+
+
 def part_downstream(args, work, results):
     """What the from-scratch run learnt: a UPOS probe per layer (tests/data/pos_sample.conllu, control task
     beside it) and TREC-6 fine-tuning accuracy, against the same geometry from random initialisation."""
@@ -425,6 +455,17 @@ def markdown(results: dict) -> str:
                 f"{0.1 if e['dropout'] is None else e['dropout']:g}, stayed on the unigram plateau: held-out loss "
                 f"{last.get('eval_loss', float('nan')):.3f}, masked-token accuracy {last.get('masked_accuracy', float('nan')):.3f}"
                 + (f"; TREC-6 {trec}." if trec else "."), ""]
+    for e in results.get("stopped_runs", []):
+        last = e["last_eval"] or {}
+        finished = [x for x in results.get("run", {}).get("log", []) if "eval_loss" in x]
+        near = min(finished, key=lambda x: abs(x["step"] - last.get("step", 0)), default=None)
+        out += [f"A second run at peak learning rate {e['lr']:g}, dropout "
+                f"{0.1 if e['dropout'] is None else e['dropout']:g}{', bf16 autocast' if e['bf16'] else ''}, planned "
+                f"for {e['planned_steps']:,} steps, was stopped at step {last.get('step', 0):,} to free the machine: "
+                f"held-out loss {last.get('eval_loss', float('nan')):.3f}, masked-token accuracy "
+                f"{last.get('masked_accuracy', float('nan')):.3f}"
+                + (f" (the run above at step {near['step']:,}: {near['eval_loss']:.3f}, {near['masked_accuracy']:.3f})."
+                   if near else "."), ""]
     if "downstream" in results:
         d = results["downstream"]
         out += ["## What the run learnt", "", "A linear probe per hidden state for parts of speech "
@@ -475,7 +516,8 @@ def main():
         for part in args.parts.split(","):
             print(f"part {part}", flush=True)
             {"throughput": part_throughput, "parity": part_parity, "corpus": part_corpus, "run": part_run,
-             "downstream": part_downstream, "continued": part_continued}[part](
+             "downstream": part_downstream, "continued": part_continued, "stopped": part_stopped,
+             "report": lambda *a: None}[part](
                 args, Path(tmp), results)
             results["machine"] = {"cpu": cpu_description(), "threads": torch.get_num_threads(), "torch": torch.__version__}
             results["name"] = args.name

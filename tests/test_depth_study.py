@@ -13,7 +13,7 @@ from minibert import InputError
 from minibert.training.depth_study import DepthStudyConfig, bert_config, plan, run_study, summary_rows
 
 TINY = DepthStudyConfig(depths=(1, 2), hidden=32, heads=2, intermediate=64, steps=4, reference_depth=2,
-                        seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=12,
+                        budgets=("steps",), seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=12,
                         task_epochs=1)
 
 
@@ -60,18 +60,15 @@ def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_di
     out = tmp_path / "study"
     results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
                         conllu=POS_SAMPLE, log=None)
-    names = {"L1-steps-seed0", "L2-steps-seed0", "L1-steps-seed1", "L2-steps-seed1", "L1-compute-seed0",
-             "L2-compute-seed0"}
+    names = {"L1-steps-seed0", "L2-steps-seed0", "L1-steps-seed1", "L2-steps-seed1"}
     assert set(results["runs"]) == names and json.loads((out / "study.json").read_text())["runs"].keys() == names
     for name, run in results["runs"].items():
         assert (out / "runs" / name / "model.safetensors").exists() and run["eval_loss"] > 0
         assert len(run["probe_accuracy"]) == run["depth"] + 1 and "task_accuracy" not in run
     assert results["runs"]["L1-steps-seed0"]["eval_loss"] != results["runs"]["L1-steps-seed1"]["eval_loss"]
-    assert results["runs"]["L1-compute-seed0"]["steps"] >= results["runs"]["L2-compute-seed0"]["steps"] == 4
     assert set(results["speed"]) == {"L1-steps-seed0", "L2-steps-seed0"}
     rows = summary_rows(results)
-    assert [(r["depth"], r["budget"], r["seeds"]) for r in rows] == [(1, "steps", 2), (2, "steps", 2),
-                                                                     (1, "compute", 1), (2, "compute", 1)]
+    assert [(r["depth"], r["budget"], r["seeds"]) for r in rows] == [(1, "steps", 2), (2, "steps", 2)]
     low, high = rows[0]["eval_loss_range"]
     assert low <= rows[0]["eval_loss"] <= high and low < high
 
@@ -81,9 +78,9 @@ def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_di
                       conllu=POS_SAMPLE, log=None)
     assert model.stat().st_mtime_ns == stamp and again["runs"] == results["runs"]  # nothing trained again
     saved = json.loads((out / "study.json").read_text())
-    del saved["runs"]["L2-compute-seed0"]  # stopped after its training, before its measures
+    del saved["runs"]["L2-steps-seed1"]  # stopped after its training, before its measures
     (out / "study.json").write_text(json.dumps(saved))
-    trained = out / "runs" / "L2-compute-seed0" / "model.safetensors"
+    trained = out / "runs" / "L2-steps-seed1" / "model.safetensors"
     stamp = trained.stat().st_mtime_ns
     measured = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
                          conllu=POS_SAMPLE, log=None)
@@ -99,7 +96,7 @@ def test_the_cli_runs_a_study_and_draws_it(files, minilm_dir, tmp_path, capsys):
     out = tmp_path / "cli-study"
     assert main(["depth-study", "--corpus", str(files / "train.txt"), "--vocab", str(minilm_dir), "--eval-texts",
                  str(files / "held.txt"), "--out", str(out), "--quick", "--depths", "1,2", "--hidden", "32",
-                 "--intermediate", "64", "--steps", "3", "--seeds", "0", "--budgets", "steps", "--batch-size", "4",
+                 "--intermediate", "64", "--steps", "3", "--seeds", "0", "--budgets", "compute", "--batch-size", "4",
                  "--max-length", "16", "--task-train", str(files / "task_train.csv"), "--task-eval",
                  str(files / "task_eval.csv"), "--quiet"]) == 0
     printed = capsys.readouterr().out
@@ -108,7 +105,8 @@ def test_the_cli_runs_a_study_and_draws_it(files, minilm_dir, tmp_path, capsys):
         assert (out / name).stat().st_size > 0
     assert not (out / "depth_probes.png").exists()  # no --conllu, no probe curves
     runs = json.loads((out / "study.json").read_text())["runs"]
-    assert set(runs) == {"L1-steps-seed0", "L2-steps-seed0"} and all(0 <= r["task_accuracy"] <= 1 for r in runs.values())
+    assert set(runs) == {"L1-compute-seed0", "L2-compute-seed0"} and all(0 <= r["task_accuracy"] <= 1 for r in runs.values())
+    assert runs["L1-compute-seed0"]["steps"] >= runs["L2-compute-seed0"]["steps"] == 3  # the reference (--quick: 2)
     with pytest.raises(SystemExit):  # argparse's own error, with the usage
         main(["depth-study", "--corpus", "x", "--vocab", "v", "--eval-texts", "h", "--out", "o", "--depths", "1,b"])
     assert "argument --depths: '1,b': give integers separated by commas" in capsys.readouterr().err

@@ -209,7 +209,7 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
     """A depth study's figures (``training.depth_study``): ``{name}_loss.png`` (held-out masked-LM loss vs
     blocks, equal steps and equal training FLOPs, every single run a gray dot), ``{name}_downstream.png``
     (best probe layer and fine-tuned task accuracy vs blocks) and ``{name}_probes.png`` (each depth's probe
-    curve). ``rows``: one per (depth, budget), seeds averaged; ``runs``: every run."""
+    curve: equal steps, or equal FLOPs when that is the only budget; the first seed). ``rows``: one per (depth, budget), seeds averaged; ``runs``: every run."""
     plt = _pyplot()
     folder = Path(folder)
     written = []
@@ -228,9 +228,10 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
     written.append(_save(fig, folder / f"{name}_loss.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in (("probe_best", "best probe layer"), ("task_accuracy", "fine-tuned task")):
-        mine = [r for r in rows if r["budget"] == "steps" and key in r]
-        if mine:
-            ax.plot([r["depth"] for r in mine], [r[key] for r in mine], "o-", label=f"{label} (equal steps)")
+        for budget, style, said in (("steps", "o-", "equal steps"), ("compute", "s--", "equal FLOPs")):
+            mine = [r for r in rows if r["budget"] == budget and key in r]
+            if mine:
+                ax.plot([r["depth"] for r in mine], [r[key] for r in mine], style, label=f"{label} ({said})")
     ax.set_xlabel("blocks")
     ax.set_ylabel("accuracy")
     ax.set_xticks(sorted({r["depth"] for r in rows}))
@@ -240,7 +241,8 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
     ax.set_title("What each depth learnt", fontsize=10)
     written.append(_save(fig, folder / f"{name}_downstream.png"))
     first = min((r["seed"] for r in runs), default=0)
-    curves = sorted((r for r in runs if r["budget"] == "steps" and r["seed"] == first and "probe_accuracy" in r),
+    budget = "steps" if any(r["budget"] == "steps" for r in runs) else "compute"
+    curves = sorted((r for r in runs if r["budget"] == budget and r["seed"] == first and "probe_accuracy" in r),
                     key=lambda r: r["depth"])
     if curves:
         fig, ax = plt.subplots(figsize=(6, 4))
