@@ -139,7 +139,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
             summary = pretrain(net, examples, config, out_dir, eval_examples=held, resume=resume,
                                tokenizer_source=source, log=log)
     if rank == 0:
-        copy_tokenizer(vocab if scratch else model, out_dir)
+        copy_tokenizer(source, out_dir)
     return summary
 
 
