@@ -492,6 +492,18 @@ def markdown(results: dict) -> str:
         for name, r in c["rows"].items():
             out.append(f"| {name} | {r['wnut16_entity_f1']:.4f} | {r['trec6_accuracy']:.4f} | {r['agreement_spearman']:.4f} | "
                        f"{r['agreement_top10']:.3f} |")
+        rows = list(c["rows"].values())
+        if len(rows) == 3:
+            base, tweets, mixed = rows
+            out += ["", f"Read: on tweets the entity F1 moved {100 * (tweets['wnut16_entity_f1'] - base['wnut16_entity_f1']):+.1f} "
+                    f"points ({100 * (mixed['wnut16_entity_f1'] - base['wnut16_entity_f1']):+.1f} with replay), TREC-6 "
+                    f"{100 * (tweets['trec6_accuracy'] - base['trec6_accuracy']):+.1f} / "
+                    f"{100 * (mixed['trec6_accuracy'] - base['trec6_accuracy']):+.1f}; the sentence vectors kept a "
+                    f"Spearman agreement of {tweets['agreement_spearman']:.2f} / {mixed['agreement_spearman']:.2f} with "
+                    "the original's. The masked-LM objective, trained through the whole encoder, re-shapes the "
+                    "embedding space that MiniLM's contrastive training made, whatever share of general text is "
+                    "replayed: continued pre-training adapts the encoder for fine-tuning, not its sentence vectors "
+                    "(freeze or re-train them with the sentence objective if those matter). One seed, one run each."]
         out.append("")
     return "\n".join(out)
 
