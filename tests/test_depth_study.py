@@ -13,7 +13,7 @@ from minibert import InputError
 from minibert.training.depth_study import DepthStudyConfig, bert_config, plan, run_study, summary_rows
 
 TINY = DepthStudyConfig(depths=(1, 2), hidden=32, heads=2, intermediate=64, steps=4, reference_depth=2,
-                        budgets=("steps",), seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=12,
+                        budgets=("steps",), seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=6,
                         task_epochs=1)
 
 
