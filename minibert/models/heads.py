@@ -96,10 +96,7 @@ class _TaskModel(nn.Module):
         if cls.needs_pooler and encoder.pooler is None:  # e.g. a BertForMaskedLM checkpoint: a fresh pooler
             import warnings
 
-            from ..model import Pooler
-
-            encoder.pooler = Pooler(config).to(device=encoder.device)
-            init_head(encoder.pooler.dense, generator)
+            encoder.pooler = fresh_pooler(encoder, generator)
             warnings.warn(f"{source} has no pooler, which {cls.__name__} classifies: starting from a fresh one "
                           f"(N(0, 0.02), seed {seed}), as transformers does", stacklevel=2)
         with torch.device("meta"):
@@ -280,6 +277,16 @@ def init_head(linear: nn.Linear, generator: torch.Generator) -> nn.Linear:
         if linear.bias is not None:
             linear.bias.zero_()
     return linear
+
+
+def fresh_pooler(encoder, generator: torch.Generator):
+    """A new pooler for ``encoder`` (one whose checkpoint had none, e.g. a masked-LM one), as transformers
+    starts one: dense N(0, 0.02) from ``generator``, zero bias, on the encoder's device and dtype."""
+    from ..model import Pooler
+
+    pooler = Pooler(encoder.config)
+    init_head(pooler.dense, generator)
+    return pooler.to(device=encoder.device, dtype=encoder.dtype)
 
 
 def problem_type(config: BertConfig, labels: torch.Tensor | None = None) -> str:

@@ -32,7 +32,7 @@ from ..errors import InputError
 from ..loading import load_pretraining_model, save_model
 from ..model import MaskedLMHead
 from .bert import BertModel
-from .heads import init_head
+from .heads import fresh_pooler, init_head
 
 
 @dataclass
@@ -190,11 +190,7 @@ def _add_fresh(model, fresh: list[str], seed: int, source) -> None:
         fresh.insert(0, "masked-LM head (cls.predictions: transform N(0, 0.02), decoder tied to the word embeddings)")
     if isinstance(model, BertForPreTraining):
         if model.bert.pooler is None:
-            from ..model import Pooler
-
-            model.bert.pooler = Pooler(config)
-            init_head(model.bert.pooler.dense, generator)
-            model.bert.pooler.to(device=device, dtype=dtype)
+            model.bert.pooler = fresh_pooler(model.bert, generator)
         if model.nsp is None:
             model.nsp = init_head(nn.Linear(config.hidden_size, 2), generator).to(device=device, dtype=dtype)
     if fresh:

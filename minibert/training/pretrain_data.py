@@ -41,6 +41,7 @@ import torch
 
 from ..errors import InputError
 from ..textfiles import atomic_dir, read_json, read_text
+from ..tools.batching import collate
 from ..tools.fingerprint import file_sha256
 
 STORE_FORMAT = 1
@@ -285,22 +286,6 @@ def mask_tokens(ids: torch.Tensor, special: torch.Tensor, rule: MaskingRule, mas
     return masked, labels
 
 
-def collate(examples: list[dict], pad_id: int) -> dict:
-    """Pad a list of examples ({"input_ids", "token_type_ids", ...}) into a batch of tensors (B, T)."""
-    T = max(len(e["input_ids"]) for e in examples)
-    batch = {"input_ids": torch.full((len(examples), T), pad_id, dtype=torch.long),
-             "token_type_ids": torch.zeros((len(examples), T), dtype=torch.long),
-             "attention_mask": torch.zeros((len(examples), T), dtype=torch.long)}
-    for r, e in enumerate(examples):
-        n = len(e["input_ids"])
-        batch["input_ids"][r, :n] = torch.tensor(e["input_ids"])
-        batch["token_type_ids"][r, :n] = torch.tensor(e["token_type_ids"])
-        batch["attention_mask"][r, :n] = 1
-    if "next_sentence_label" in examples[0]:
-        batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
-    return batch
-
-
 class Examples:
     """The examples of a store in one format, numbered 0, 1, 2, ... across epochs (each epoch a seeded
     permutation), and masked batches of them: ``batch(numbers)`` for any example numbers."""
@@ -341,7 +326,10 @@ class Examples:
         """The masked batch of examples ``numbers``; each example's mask is drawn from a generator seeded by
         (``mask_seed`` or the run's seed, its number), so it does not depend on how batches are cut."""
         examples = [self.example(n) for n in numbers]
-        batch = collate(examples, self.pad_id)
+        batch = collate([e["input_ids"] for e in examples], range(len(examples)), self.pad_id,
+                        token_type_ids=[e["token_type_ids"] for e in examples])
+        if self.nsp:
+            batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples])
         labels = torch.full_like(batch["input_ids"], -100)
         seed = self.seed if mask_seed is None else mask_seed
         for r, n in enumerate(numbers):
