@@ -167,3 +167,32 @@ def registered(entries):
             if entry in point.fns:
                 point.fns.remove(entry)
         ACTIVE.reset(token)
+
+
+class KeyValueSlot(nn.Module):
+    """Where self-attention may be given keys and values beyond its own tokens': prefix-tuning (Li and
+    Liang 2021) puts P learnt pairs before them, attended by every query and never hidden by the padding
+    mask. Empty (``extend is None``), it returns its inputs: one test, nothing computed.
+
+    ``extend``: a callable set from outside the model (``minibert.training.adapters``) that takes the
+    tokens' keys (B, h, T, d) and returns the extra ``(keys, values)``, each (B, h, P, d), or None (none
+    this call). The slot puts them first and widens the mask with P columns that are always True."""
+
+    def __init__(self):
+        super().__init__()
+        self.extend = None
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None):
+        if self.extend is None:
+            return k, v, mask
+        extra = self.extend(k)
+        if extra is None:
+            return k, v, mask
+        k_extra, v_extra = extra  # (B, h, P, d) each
+        k, v = torch.cat([k_extra, k], dim=2), torch.cat([v_extra, v], dim=2)  # (B, h, P + T, d)
+        if mask is not None:  # (B, 1, 1, T) -> (B, 1, 1, P + T): the extra keys are never masked
+            mask = torch.cat([mask.new_ones(mask.shape[:-1] + (k_extra.shape[2],)), mask], dim=-1)
+        return k, v, mask
+
+    def __call__(self, k, v, mask):  # skips nn.Module's call machinery: the slot carries no torch hooks
+        return self.forward(k, v, mask)

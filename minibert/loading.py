@@ -407,6 +407,11 @@ def save_model(model, directory) -> None:
         raise InputError("this model is int8-quantised, which is for inference only: save the fp32 model and "
                          "load it with dtype='int8'")
     params = dict(model.named_parameters())
+    tasks = [n for n in params if "task_modules." in n]
+    if tasks:
+        raise InputError(f"this model carries task modules ({tasks[0]}, ...: adapters, prefixes or LoRA added by "
+                         "minibert.training.adapters), which a BERT checkpoint has no names for: save each with "
+                         "save_adapter, and the base (remove_adapter each first) with save_pretrained")
     adapted = [n for n in params if ".lora_" in n]
     if adapted:
         raise InputError(f"this model has LoRA layers ({adapted[0]}, ...), which a BERT checkpoint has no names "

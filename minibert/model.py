@@ -29,7 +29,7 @@ from torch import nn
 from .activations import ACTIVATIONS
 from .config import BertConfig
 from .errors import InputError
-from .hookpoints import HookPoint
+from .hookpoints import HookPoint, KeyValueSlot
 from .inputs import check_blocks, check_inputs
 from .loading import load_model, save_model
 
@@ -98,6 +98,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_scores, self.hook_probs = HookPoint(), HookPoint()
         self.hook_context, self.hook_output = HookPoint(), HookPoint()
+        self.kv = KeyValueSlot()  # empty: prefix-tuning fills it with extra keys and values
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, h, T, d)
         B, T, _ = x.shape
@@ -105,10 +106,11 @@ class MultiHeadSelfAttention(nn.Module):
 
     def forward(self, x, mask=None, return_probs=False):
         """x: (B, T, H). mask: None (attend everywhere) or bool (B, 1, 1, T), True = key may be attended.
-        Returns (output (B, T, H), probabilities (B, h, T, T) or None)."""
+        Returns (output (B, T, H), probabilities (B, h, T, T) or None; (B, h, T, P + T) with a prefix)."""
         q = self.hook_q(self.split_heads(self.query(x)))  # (B, h, T, d)
         k = self.hook_k(self.split_heads(self.key(x)))  # (B, h, T, d)
         v = self.hook_v(self.split_heads(self.value(x)))  # (B, h, T, d)
+        k, v, mask = self.kv(k, v, mask)  # unchanged, unless a prefix is set: (B, h, P + T, d), mask P wider
 
         if return_probs or self.hook_scores.active or self.hook_probs.active:
             context, probs = self.explicit_attention(q, k, v, mask)

@@ -197,7 +197,8 @@ class Int8Linear(nn.Module):
 def quantize_linears(model: nn.Module) -> nn.Module:
     """Swap every block's linear layers of ``model`` (a BertModel or a task model) for ``Int8Linear``, in
     place, and freeze what stays fp32 (int8 is for inference); returns the model, marked
-    ``model.quantized = "int8"``. A layer that is not a plain nn.Linear (LoRA) is refused before any swap."""
+    ``model.quantized = "int8"``. A layer that is not a plain nn.Linear (LoRA), or one with torch forward hooks
+    (a LoRA task module), is refused before any swap."""
     encoder = getattr(model, "bert", model)
     if getattr(encoder, "quantized", None):
         return model
@@ -215,6 +216,10 @@ def quantize_linears(model: nn.Module) -> nn.Module:
                 raise InputError(f"blocks.{i}.{path} is a {type(linear).__name__}, not an nn.Linear: int8 "
                                  "quantises plain linear layers (fold LoRA in first: "
                                  "minibert.training.lora.merge_lora)")
+            if linear._forward_hooks or linear._forward_pre_hooks:  # a LoRA task module acts through them
+                raise InputError(f"blocks.{i}.{path} carries torch forward hooks (a LoRA task module of "
+                                 "minibert.training.adapters, say), which the int8 layer would drop: remove them "
+                                 "(remove_adapter) first; adapters and prefixes stay")
             places.append((parent, name, linear))
     for parent, name, linear in places:
         setattr(parent, name, Int8Linear(linear))

@@ -27,7 +27,8 @@ from minibert.training.depth import EarlyExit
 from minibert.training.distill import init_student
 from minibert.training.lora import apply_lora, merge_lora
 
-KINDS = ["plain", "int8", "lora", "lora_merged", "task_head", "student", "early_exit", "transformers", "bf16"]
+KINDS = ["plain", "int8", "lora", "lora_merged", "task_head", "student", "early_exit", "transformers", "bf16",
+         "adapters", "prefix"]
 
 
 def tiny_config(**labels) -> BertConfig:
@@ -72,6 +73,17 @@ def make(kind: str):
         return TransformersBertModel.from_model(plain)
     if kind == "bf16":
         return plain.to(torch.bfloat16)
+    if kind in ("adapters", "prefix"):  # task modules (training.adapters): three on the base, one active
+        from minibert.training.adapters import add_adapter, set_active
+
+        add_adapter(plain, "lora", "lora", r=2, targets=("query", "dense_out"))
+        add_adapter(plain, "prefix", "prefix", prefix_length=3, prefix_bottleneck=8)
+        add_adapter(plain, "houlsby", "houlsby", bottleneck=4, init="bert")
+        with torch.no_grad():
+            for name, p in plain.task_modules.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1)
+        return set_active(plain, "houlsby" if kind == "adapters" else "prefix").eval()
     raise KeyError(kind)
 
 
@@ -210,6 +222,10 @@ def tool_save_load(model, kind, batch, tokenizer, tmp_path):
         with pytest.raises(InputError, match="merge_lora"):
             model.save_pretrained(tmp_path)
         return
+    if kind in ("adapters", "prefix"):
+        with pytest.raises(InputError, match="save_adapter"):
+            model.save_pretrained(tmp_path)
+        return
     model.save_pretrained(tmp_path)
     again = BertModel.from_pretrained(tmp_path, dtype=model.dtype)
     assert torch.equal(readable(again, batch).last_hidden_state, readable(model, batch).last_hidden_state)
@@ -242,6 +258,10 @@ def tool_int8(model, kind, batch, tokenizer):
         return
     if kind == "bf16":
         with pytest.raises(InputError, match="fp32"):
+            quantize_linears(copy.deepcopy(model))
+        return
+    if kind in ("adapters", "prefix"):  # they carry a LoRA task module: its hooks would be dropped
+        with pytest.raises(InputError, match="LoRA task module"):
             quantize_linears(copy.deepcopy(model))
         return
     quantised = quantize_linears(copy.deepcopy(model))

@@ -128,8 +128,13 @@ def test_each_recipe_runs_and_saves_a_loadable_checkpoint(encoder_dir, tmp_path,
         capsys.readouterr()
         assert main(["predict", str(tmp_path / recipe), str(tmp_path / "new.txt")]) == 0
         assert capsys.readouterr().out.split("\t")[0] in ("neg", "pos")
+    elif recipe == "lora":  # a task module and its head, on the base it names (tests/test_adapters.py)
+        from minibert import BertModel
+        from minibert.training.adapters import task_head
+
+        model = task_head(BertModel.from_pretrained(encoder_dir), tmp_path / recipe)
     else:
-        model = BertForSequenceClassification.from_pretrained(tmp_path / recipe)  # LoRA: saved merged
+        model = BertForSequenceClassification.from_pretrained(tmp_path / recipe)
     assert model.config.id2label == {0: "neg", 1: "pos"}
 
 

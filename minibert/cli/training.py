@@ -24,12 +24,21 @@ def add_finetune(sub) -> None:
     p.add_argument("--eval", required=True, help="held-out data in the same format, evaluated after each epoch")
     p.add_argument("--out", required=True, help="directory for the best checkpoint, its tokenizer and metrics.json")
     p.add_argument("--task", choices=["classify", "regress", "tag"], default="classify")
-    p.add_argument("--recipe", choices=["full", "gradual", "llrd", "lora", "scalarmix"], default="full")
+    p.add_argument("--recipe", choices=["full", "gradual", "llrd", "lora", "scalarmix", "adapter", "prefix"],
+                   default="full", help="adapter, prefix and lora train a task module on the frozen base and write "
+                                        "it alone with the head (KB to a few MB; `minibert predict` takes it)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
     p.add_argument("--lora-rank", type=positive_int, default=8, help="--recipe lora: the rank r (alpha = 2r)")
     p.add_argument("--lora-targets", default="query,value",
                    help="--recipe lora: the linear layers to adapt, comma-separated: query, key, value, output "
                         "(attention), dense_in, dense_out (feed-forward), or patterns such as '*.ffn.*'")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="--recipe lora: write the merged whole checkpoint instead of the task module")
+    p.add_argument("--adapter-kind", choices=["houlsby", "pfeiffer"], default="houlsby",
+                   help="--recipe adapter: after attention and the FFN (houlsby) or after the FFN only (pfeiffer)")
+    p.add_argument("--adapter-size", type=positive_int, default=64, help="--recipe adapter: the bottleneck width")
+    p.add_argument("--prefix-length", type=positive_int, default=16,
+                   help="--recipe prefix: P, the learnt keys and values per block")
     p.add_argument("--layerdrop", type=float, default=0.0,
                    help="skip each block with this probability while training (LayerDrop; e.g. 0.2), to prune later")
     p.set_defaults(func=cmd_finetune)
@@ -45,7 +54,8 @@ def cmd_finetune(args) -> int:
                        pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
                        recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
                        lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")],
-                       layerdrop=args.layerdrop)
+                       layerdrop=args.layerdrop, merge_lora=args.merge_lora, adapter_kind=args.adapter_kind,
+                       adapter_size=args.adapter_size, prefix_length=args.prefix_length)
     if history.best_epoch is None:  # a torchrun process other than 0: it trained; process 0 evaluates and writes
         return 0
     print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: checkpoint, tokenizer, "
@@ -57,9 +67,13 @@ def cmd_finetune(args) -> int:
 def add_predict(sub) -> None:
     p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model",
                        parents=[max_length_option(), batch_size_option()])
-    p.add_argument("checkpoint", help="a directory written by `minibert finetune`")
+    p.add_argument("checkpoint", nargs="+",
+                   help="a directory written by `minibert finetune`; or one or more task modules (--recipe adapter, "
+                        "prefix, lora), run on one shared base")
     p.add_argument("texts", help="a UTF-8 text file, one text per line; output line i is input line i (a blank "
                                  "line gives an empty one)")
+    p.add_argument("--model", help="task modules: the base they were trained on (default: the one the first "
+                                    "records)")
     p.set_defaults(func=cmd_predict)
 
 
@@ -67,28 +81,49 @@ def cmd_predict(args) -> int:
     from ..config import read_json_object
     from ..models.heads import TASK_CLASSES
     from ..tokenizer import BertTokenizer
-    from ..training.data import tag_words
+    from ..training.adapters import CONFIG_FILE
     from ..training.recipes import ScalarMixClassifier
 
+    lines = read_lines(args.texts)  # checked before any model is loaded
+    if not any(line.strip() for line in lines):
+        raise InputError(f"{args.texts} has no non-empty lines")
+    for folder in args.checkpoint:
+        if not Path(folder).is_dir():
+            raise not_found(folder, "checkpoint folder")
+    modules = [Path(f) for f in args.checkpoint if (Path(f) / CONFIG_FILE).is_file()]
+    if modules:
+        if len(modules) != len(args.checkpoint):
+            raise InputError("give either one fine-tuned checkpoint or task modules (folders with "
+                             f"{CONFIG_FILE}), not both")
+        return _predict_with_task_modules(args, modules, lines)
+    if len(args.checkpoint) > 1 or args.model:
+        raise InputError("several checkpoints, or --model, go with task modules only (--recipe adapter, prefix, "
+                         "lora); a whole fine-tuned checkpoint is predicted with alone")
+    args.checkpoint = args.checkpoint[0]
     folder = Path(args.checkpoint)
-    if not folder.is_dir():
-        raise not_found(args.checkpoint, "checkpoint folder")
     architectures = read_json_object(folder / "config.json").get("architectures") or []
     kind = next((a for a in architectures if a in TASK_CLASSES), None)
     scalarmix = (folder / ScalarMixClassifier.HEAD_FILE).exists()
     if not scalarmix and (kind is None or kind == "BertForQuestionAnswering"):
         raise InputError(f"{args.checkpoint} is not a fine-tuned classifier or tagger (architectures: "
                          f"{architectures}); `minibert predict` takes what `minibert finetune` writes")
-    lines = read_lines(args.texts)
-    todo = [i for i, line in enumerate(lines) if line.strip()]  # a blank line gets an empty output line
-    if not todo:
-        raise InputError(f"{args.texts} has no non-empty lines")
     if scalarmix:
         model, kind = ScalarMixClassifier.from_pretrained(args.checkpoint), "BertForSequenceClassification"
     else:
         model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
     tokenizer = BertTokenizer.from_pretrained(args.checkpoint)
     tokenizer.check_fits(model.config, args.checkpoint)
+    for line in _predicted_lines(args, lines, model, kind, tokenizer):
+        print(line)
+    return 0
+
+
+def _predicted_lines(args, lines, model, kind, tokenizer, prefix: str = "") -> list[str]:
+    """One output line per input line (blank for a blank line): label, score, text; a tagger's word/tag
+    pairs. ``prefix`` goes before each non-empty line (the task's name with several tasks)."""
+    from ..training.data import tag_words
+
+    todo = [i for i, line in enumerate(lines) if line.strip()]  # a blank line gets an empty output line
     limit = model_limit(model.config, tokenizer)
     max_length = limit if args.max_length is None else check_max_length("--max-length", args.max_length, limit)
     texts = [lines[i] for i in todo]
@@ -108,9 +143,36 @@ def cmd_predict(args) -> int:
                                                          max_length=max_length))]
     out = [""] * len(lines)
     for i, line in zip(todo, found):
-        out[i] = line
-    for line in out:
-        print(line)
+        out[i] = prefix + line
+    return out
+
+
+def _predict_with_task_modules(args, folders, lines) -> int:
+    """Task modules on one base: the base loaded once, a head per module sharing it, each file labelled
+    with each (one task: the plain format; several: the lines of each task in turn, ``name<TAB>`` first)."""
+    from ..loading import load_model
+    from ..models import BertModel
+    from ..tokenizer import BertTokenizer
+    from ..training.adapters import read_adapter_config, set_active, task_head
+
+    records = [read_adapter_config(f) for f in folders]
+    names = [r["name"] for r in records]
+    if len(set(names)) != len(names):
+        raise InputError(f"task modules with the same name: {names}")
+    source = args.model or records[0].get("base_source")
+    if not source:
+        raise InputError(f"{folders[0]}: records no base; give it with --model")
+    base = load_model(BertModel, source, mlm_head=False)
+    base.eval()
+    tokenizer = BertTokenizer.from_pretrained(folders[0] if (folders[0] / "vocab.txt").exists() else source)
+    heads = [task_head(base, f) for f in folders]
+    for head, record in zip(heads, records):
+        set_active(base, record["name"])
+        kind = type(head).__name__
+        if kind not in ("BertForSequenceClassification", "BertForTokenClassification"):
+            raise InputError(f"{record['name']}: a {kind} head; predict labels texts and tags words")
+        for line in _predicted_lines(args, lines, head, kind, tokenizer, prefix=f"{record['name']}\t" if len(heads) > 1 else ""):
+            print(line)
     return 0
 
 

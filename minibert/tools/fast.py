@@ -190,6 +190,8 @@ class _Packed:
         # call to the readable path, where it fires (captum's layer methods, say)
         self.hook_dicts = [d for module in model.modules()
                            for d in (module._forward_hooks, module._forward_pre_hooks)]
+        # attention's key/value slots (prefix-tuning fills them): a filled one also sends a call there
+        self.kv_slots = [b.attn.kv for b in model.encoder.blocks if hasattr(b.attn, "kv")]
         self.threads = torch.get_num_threads()  # the summation blocks found hold for this thread count
         with torch.inference_mode():
             self.blocks = [_FastBlock(b, model.config.hidden_act, fp32_kernel) for b in model.encoder.blocks]
@@ -203,8 +205,11 @@ class _Packed:
                 or any(p.data_ptr() != ptr or _version(p) != version for p, ptr, version in self.params))
 
     def torch_hooked(self) -> bool:
-        """Whether a torch module hook is registered on any module of the model, or globally."""
-        return any(self.hook_dicts) or bool(GLOBAL_FORWARD_HOOKS or GLOBAL_FORWARD_PRE_HOOKS)
+        """Whether a torch module hook is registered on any module of the model, or globally, or a key/value
+        slot is filled (prefix-tuning): what the fused blocks would not run. (Adapters and LoRA task modules,
+        ``training.adapters``, act through torch hooks.)"""
+        return (any(self.hook_dicts) or bool(GLOBAL_FORWARD_HOOKS or GLOBAL_FORWARD_PRE_HOOKS)
+                or any(slot.extend is not None for slot in self.kv_slots))
 
     def nbytes(self) -> int:
         total = 0
@@ -388,8 +393,8 @@ class Stepper:
         ids, tts, pos = (t.reshape(-1)[where] for t in (input_ids, token_type_ids, position_ids))
         packed = _packed(model, "auto")
         if packed.torch_hooked():
-            raise InputError("Stepper runs the inference fast path, where torch module hooks do not fire: "
-                             "remove them (or run the model itself)")
+            raise InputError("Stepper runs the inference fast path, where torch module hooks, task modules "
+                             "(adapters, prefixes) and LoRA hooks do not act: remove them (or run the model itself)")
         self.blocks = packed.blocks
         self.T = T
         self.rows = torch.arange(B)

@@ -120,7 +120,8 @@ def lora_targets(model: nn.Module, targets) -> list[str]:
     targets = tuple(targets)
     if not targets or not all(isinstance(t, str) and t for t in targets):
         raise InputError(f"targets={targets!r}: give layer names or patterns, e.g. ('query', 'value') or '*.ffn.*'")
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))
+               and "task_modules." not in f".{name}"}  # the base's layers, not those of adapters on it
     in_blocks = [n for n in linears if ".blocks." in f".{n}"]
     chosen: list[str] = []
     for target in targets:

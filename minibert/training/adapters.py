@@ -1,0 +1,545 @@
+"""Many tasks on one frozen base: bottleneck adapters, prefix-tuning and LoRA as task modules.
+
+Three parameter-efficient ways to adapt the whole encoder train a few per cent of the parameters or less
+and leave the base untouched, so one base serves many tasks:
+
+    add_adapter(model, "trec", "houlsby", bottleneck=64)     # a task module; the base is frozen
+    add_adapter(model, "ner", "prefix", prefix_length=16)
+    set_active(model, "trec")                                 # switching copies and reloads nothing
+    save_adapter(model, "trec", "out/trec")                   # a small folder: JSON config + safetensors
+    load_adapter(model, "out/trec")                           # checks the base it was trained on
+
+Where each kind acts in a block (x: the block's input, h = LayerNorm(x + attention), s: a sub-layer's
+output before its residual add; the block then goes on unchanged, LayerNorm(input + s')):
+
+  ``houlsby``  (Houlsby et al. 2019; AdapterHub's DoubleSeqBnConfig) after attention and after the FFN:
+               s' = s + up(act(down(s)))
+  ``pfeiffer`` (Pfeiffer et al. 2020; AdapterHub's SeqBnConfig) after the FFN only, reading the sub-layer's
+               normalised sum (the FFN's LayerNorm runs twice, as AdapterHub computes it):
+               s' = s + up(act(down(LayerNorm(h + s))))
+  ``prefix``   (Li and Liang 2021; P-tuning v2, Liu et al. 2022) P learnt keys and values put before each
+               block's own in attention's ``kv`` slot: every token attends them, padding never hides them.
+               While training they come from a small MLP (the reparameterisation): E (P, H) -> Linear ->
+               tanh -> Linear -> (layers x 2 x H); ``flatten_prefix`` computes them once and drops the MLP
+  ``lora``     (Hu et al. 2021) y = W x + b + (alpha / r) B A dropout(x) on the chosen linear layers
+
+All three act from outside ``model.py``: bottleneck adapters and LoRA through torch forward hooks on the
+attention, feed-forward and linear modules, prefixes through the attention's key/value slot. Their
+parameters live in ``model.task_modules`` (one entry per task); the hooks ask which one is active and do
+nothing when none is (or when the active one is of another kind). Dropout: the adapter acts on the
+sub-layer's output before the block's dropout (AdapterHub after it): the same in eval mode.
+
+Every tool sees an adapted model as it is: hooks and ``run_with_cache`` (each adapter has its own hook
+points, ``task_modules.tasks.<name>.ffn.<i>.hook_output``), probing, bf16; the fast path runs the readable
+path for it (its fused blocks do not run task modules), int8 bases take adapters and prefixes (not LoRA
+task modules, which train through the base's fp32 linear layers). ``training.lora.apply_lora`` stays the
+one-task LoRA that merges into the weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks import check_fraction, check_positive
+from ..errors import InputError
+from ..hookpoints import HookPoint
+
+KINDS = ("houlsby", "pfeiffer", "prefix", "lora")
+NONLINEARITIES = {"swish": F.silu, "silu": F.silu, "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh}
+INITS = ("identity", "bert", "houlsby")
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
+
+
+# --------------------------------------------------------------------------------------- the modules
+class BottleneckAdapter(nn.Module):
+    """down-projection, nonlinearity, up-projection, plus a residual: ``residual + up(act(down(x)))``.
+
+    init: ``identity`` (default: down as nn.Linear's default, up and its bias zero, so the adapted model
+    starts as the base exactly), ``bert`` (AdapterHub's default: N(0, 0.02) weights, zero biases) or
+    ``houlsby`` (truncated N(0, 0.01^2) weights, zero biases, as Houlsby et al.)."""
+
+    def __init__(self, hidden: int, bottleneck: int, nonlinearity: str, init: str, dtype=None, device=None):
+        super().__init__()
+        self.down = nn.Linear(hidden, bottleneck, dtype=dtype, device=device)  # H -> m
+        self.up = nn.Linear(bottleneck, hidden, dtype=dtype, device=device)  # m -> H
+        self.nonlinearity = nonlinearity
+        self.act = NONLINEARITIES[nonlinearity]
+        self.hook_down, self.hook_output = HookPoint(), HookPoint()
+        with torch.no_grad():
+            if init == "identity":
+                nn.init.zeros_(self.up.weight)
+                nn.init.zeros_(self.up.bias)
+            else:
+                for linear in (self.down, self.up):
+                    if init == "bert":
+                        nn.init.normal_(linear.weight, std=0.02)
+                    else:
+                        nn.init.trunc_normal_(linear.weight, std=1e-2, a=-2e-2, b=2e-2)
+                    nn.init.zeros_(linear.bias)
+
+    def forward(self, x, residual):  # (B, T, H) each
+        down = self.hook_down(self.act(self.down(x)))  # (B, T, m)
+        return self.hook_output(self.up(down) + residual)  # (B, T, H)
+
+    def extra_repr(self) -> str:
+        return f"{self.down.in_features} -> {self.down.out_features} -> {self.up.out_features}, {self.nonlinearity}"
+
+
+class BottleneckTask(nn.Module):
+    """One task's bottleneck adapters: ``ffn[i]`` for every block, and ``attn[i]`` for Houlsby's."""
+
+    def __init__(self, kind: str, config, bottleneck: int, nonlinearity: str, init: str, dtype, device):
+        super().__init__()
+        self.kind = kind
+        n, H = config.num_hidden_layers, config.hidden_size
+        make = lambda: BottleneckAdapter(H, bottleneck, nonlinearity, init, dtype=dtype, device=device)  # noqa: E731
+        self.attn = nn.ModuleList(make() for _ in range(n)) if kind == "houlsby" else None
+        self.ffn = nn.ModuleList(make() for _ in range(n))
+
+
+class PrefixTask(nn.Module):
+    """One task's prefixes: P keys and values for every block.
+
+    Reparameterised (while training): ``embedding`` E (P, H), then ``mlp`` = Linear(H, m) -> tanh ->
+    Linear(m, layers x 2 x H), AdapterHub's layout (for block i: keys at 2i, values at 2i + 1). Flat
+    (``flatten_prefix``, or loaded): ``prefix`` (layers, 2, P, H) itself."""
+
+    def __init__(self, config, prefix_length: int, bottleneck: int, dropout: float, flat: bool, dtype, device):
+        super().__init__()
+        self.kind = "prefix"
+        self.layers, self.heads, self.hidden = config.num_hidden_layers, config.num_attention_heads, config.hidden_size
+        self.prefix_length = prefix_length
+        self.dropout = nn.Dropout(dropout)
+        if flat:
+            self.prefix = nn.Parameter(torch.randn(self.layers, 2, prefix_length, self.hidden, dtype=dtype,
+                                                   device=device) * 0.02)
+            self.embedding = self.mlp = None
+        else:
+            self.prefix = None
+            self.embedding = nn.Embedding(prefix_length, self.hidden, dtype=dtype, device=device)
+            self.mlp = nn.Sequential(nn.Linear(self.hidden, bottleneck, dtype=dtype, device=device), nn.Tanh(),
+                                     nn.Linear(bottleneck, self.layers * 2 * self.hidden, dtype=dtype, device=device))
+
+    def all_prefixes(self) -> torch.Tensor:  # (layers, 2, P, H)
+        if self.prefix is not None:
+            return self.prefix
+        out = self.mlp(self.embedding.weight)  # (P, layers * 2 * H)
+        return out.view(self.prefix_length, self.layers, 2, self.hidden).permute(1, 2, 0, 3)
+
+    def keys_values(self, i: int, like: torch.Tensor, prefixes: torch.Tensor | None = None):
+        """Block i's extra keys and values for a batch like ``like`` (B, h, T, d): each (B, h, P, d).
+        ``prefixes``: ``all_prefixes()`` when the caller has it already."""
+        B, h, _, d = like.shape
+        kv = self.dropout((self.all_prefixes() if prefixes is None else prefixes)[i])  # (2, P, H)
+        kv = kv.to(like.dtype).view(2, self.prefix_length, h, d).transpose(1, 2)  # (2, h, P, d)
+        return kv[0].expand(B, h, self.prefix_length, d), kv[1].expand(B, h, self.prefix_length, d)
+
+    def flatten(self) -> None:
+        """Compute the prefixes once and keep them as parameters: the MLP (the training device) goes."""
+        if self.prefix is None:
+            with torch.no_grad():
+                prefix = self.all_prefixes().detach().clone()
+            self.prefix = nn.Parameter(prefix, requires_grad=self.embedding.weight.requires_grad)
+            self.embedding = self.mlp = None
+
+
+class LoRAPair(nn.Module):
+    """A (r, in) and B (out, r) of one adapted linear layer; the update is (alpha / r) B A dropout(x)."""
+
+    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float, dtype, device):
+        super().__init__()
+        self.scale = alpha / r
+        self.lora_A = nn.Parameter(torch.empty(r, in_features, dtype=dtype, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, r, dtype=dtype, device=device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):  # (..., in) -> (..., out)
+        return (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
+
+
+class LoRATask(nn.Module):
+    """One task's LoRA pairs, keyed by the adapted layer's module path (dots written as ``__``)."""
+
+    def __init__(self, layers: dict, r: int, alpha: float, dropout: float, dtype, device):
+        super().__init__()
+        self.kind = "lora"
+        self.pairs = nn.ModuleDict({path.replace(".", "__"): LoRAPair(m.in_features, m.out_features, r, alpha,
+                                                                      dropout, dtype, device)
+                                    for path, m in layers.items()})
+
+    def pair(self, path: str):
+        return self.pairs[path.replace(".", "__")] if path.replace(".", "__") in self.pairs else None
+
+
+class TaskModules(nn.Module):
+    """``model.task_modules``: every task module of one encoder, by name, and which one is active. Its
+    methods are what the hooks call."""
+
+    def __init__(self):
+        super().__init__()
+        self.tasks = nn.ModuleDict()
+        self.active: str | None = None
+        self.options: dict[str, dict] = {}  # name -> the options it was made with (saved with it)
+        self.lora_paths: set[str] = set()  # linear layers that carry a LoRA hook
+        self._prefixes = None  # the active prefix task's (layers, 2, P, H), computed once per forward pass
+
+    def __getstate__(self):  # copies and pickles leave the last pass's prefixes (and their graph) behind
+        state = super().__getstate__()
+        state["_prefixes"] = None
+        return state
+
+    def current(self, kind=None):
+        task = self.tasks[self.active] if self.active is not None else None
+        if task is None or (kind is not None and task.kind not in kind):
+            return None
+        return task
+
+    # the hooks (torch forward hooks, and the key/value slot's ``extend``) ----------------------------
+    def after_attention(self, i, module, args, output):
+        task = self.current(("houlsby",))
+        if task is None:
+            return None
+        s, probs = output  # (B, T, H), probabilities or None
+        return task.attn[i](s, s), probs
+
+    def after_ffn(self, i, norm, module, args, output):
+        task = self.current(("houlsby", "pfeiffer"))
+        if task is None:
+            return None
+        if task.kind == "houlsby":
+            return task.ffn[i](output, output)
+        return task.ffn[i](norm(output + args[0]), output)  # Pfeiffer: reads LayerNorm(h + s)
+
+    def new_pass(self, module, args):  # a forward pre-hook on the encoder: the prefixes of the last pass go
+        self._prefixes = None
+
+    def prefix_for(self, i, k):
+        task = self.current(("prefix",))
+        if task is None:
+            return None
+        if self._prefixes is None:  # the MLP runs once a forward pass, for every block (as AdapterHub's pool)
+            self._prefixes = task.all_prefixes()
+        return task.keys_values(i, k, self._prefixes)
+
+    def lora(self, path, module, args, output):
+        task = self.current(("lora",))
+        pair = None if task is None else task.pair(path)
+        return None if pair is None else output + pair(args[0])
+
+
+# ------------------------------------------------------------------------------------------ the API
+def encoder_of(model) -> nn.Module:
+    """The encoder of a model or of a task head (``model.bert``)."""
+    from ..model import BertModel
+
+    encoder = getattr(model, "bert", model)
+    if not isinstance(encoder, BertModel):
+        raise InputError(f"task modules go on a minibert BertModel or a task head built on one, not {type(model).__name__}")
+    return encoder
+
+
+def _container(encoder, create: bool) -> TaskModules | None:
+    found = getattr(encoder, "task_modules", None)
+    if found is None and create:
+        found = TaskModules()
+        encoder.task_modules = found
+        encoder.encoder.register_forward_pre_hook(found.new_pass)
+        for i, block in enumerate(encoder.encoder.blocks):  # the hooks, once: they ask the container
+            block.attn.register_forward_hook(partial(found.after_attention, i))
+            block.ffn.register_forward_hook(partial(found.after_ffn, i, block.ffn_norm))
+            block.attn.kv.extend = partial(found.prefix_for, i)
+    return found
+
+
+def base_fingerprint(model) -> str:
+    """sha256 of the base's own tensors (task modules left out): what a saved task module was trained on."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in encoder_of(model).state_dict().items():
+        if name.startswith("task_modules."):
+            continue
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | None = 64,
+                reduction_factor: float | None = None, nonlinearity: str | None = None, init: str = "identity",
+                prefix_length: int = 16, prefix_bottleneck: int = 512, flat: bool = False, dropout: float = 0.0,
+                r: int = 8, alpha: float = 16.0, targets=("query", "value"), activate: bool = True,
+                train_head: tuple[str, ...] = ("classifier", "qa_outputs")):
+    """Add a task module ``name`` of ``kind`` (houlsby, pfeiffer, prefix, lora) to ``model`` (an encoder or
+    a task head: the module goes on its encoder), freeze the base and make it active (``activate``).
+    What trains afterwards: the new module and the head's layers named in ``train_head``.
+
+    houlsby / pfeiffer: ``bottleneck`` m (or ``reduction_factor``: m = H // factor, AdapterHub's way),
+    ``nonlinearity`` (swish for Houlsby, relu for Pfeiffer by default, as AdapterHub), ``init``.
+    prefix: ``prefix_length`` P, ``prefix_bottleneck`` (the MLP's width), ``flat`` (no MLP), ``dropout``.
+    lora: ``r``, ``alpha``, ``dropout``, ``targets`` (as ``training.lora.lora_targets``). Returns the model."""
+    encoder = encoder_of(model)
+    config = encoder.config
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InputError(f"adapter name {name!r}: use a Python identifier (letters, digits, _), e.g. 'trec'")
+    if kind not in KINDS:
+        raise InputError(f"kind={kind!r}: use one of {KINDS}")
+    existing = _container(encoder, create=False)
+    if existing is not None and name in existing.tasks:
+        raise InputError(f"this model already has a task module named {name!r} (remove_adapter it first)")
+    if init not in INITS:
+        raise InputError(f"init={init!r}: use one of {INITS}")
+    check_fraction("dropout", dropout)
+    dtype, device = encoder.dtype, encoder.device
+    quantized = bool(getattr(encoder, "quantized", None))
+    if quantized:
+        dtype = torch.float32  # an int8 base computes in fp32 between its int8 products
+    options: dict = {"kind": kind}
+    if kind in ("houlsby", "pfeiffer"):
+        if reduction_factor is not None:
+            check_positive("reduction_factor", reduction_factor, "H / bottleneck")
+            bottleneck = max(1, int(config.hidden_size // reduction_factor))
+        check_positive("bottleneck", bottleneck, "the adapter's width")
+        nonlinearity = nonlinearity or ("swish" if kind == "houlsby" else "relu")
+        if nonlinearity not in NONLINEARITIES:
+            raise InputError(f"nonlinearity={nonlinearity!r}: use one of {tuple(NONLINEARITIES)}")
+        task = BottleneckTask(kind, config, bottleneck, nonlinearity, init, dtype, device)
+        options |= {"bottleneck": bottleneck, "nonlinearity": nonlinearity, "init": init}
+    elif kind == "prefix":
+        check_positive("prefix_length", prefix_length, "keys and values per block")
+        check_positive("prefix_bottleneck", prefix_bottleneck, "the reparameterisation MLP's width")
+        task = PrefixTask(config, prefix_length, prefix_bottleneck, dropout, flat, dtype, device)
+        options |= {"prefix_length": prefix_length, "prefix_bottleneck": prefix_bottleneck, "dropout": dropout}
+    else:
+        from .lora import lora_targets
+
+        check_positive("r", r, "the rank")
+        if quantized:
+            raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
+                             "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
+        paths = lora_targets(encoder, targets)
+        task = LoRATask({p: encoder.get_submodule(p) for p in paths}, r, alpha, dropout, dtype, device)
+        options |= {"r": r, "alpha": alpha, "dropout": dropout, "targets": paths}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    container = _container(encoder, create=True)
+    if kind == "lora":
+        for path in options["targets"]:
+            if path not in container.lora_paths:
+                encoder.get_submodule(path).register_forward_hook(partial(container.lora, path))
+                container.lora_paths.add(path)
+    container.tasks[name] = task
+    container.options[name] = options
+    for p in task.parameters():  # the new module trains (and the head); the base and other modules do not
+        p.requires_grad_(True)
+    for attribute in train_head:
+        head = getattr(model, attribute, None)
+        if head is not None and model is not encoder:
+            for p in head.parameters():
+                p.requires_grad_(True)
+    if activate:
+        container.active = name
+    task.train(encoder.training)
+    return model
+
+
+def task_names(model) -> list[str]:
+    """The task modules of ``model``, in the order they were added."""
+    container = _container(encoder_of(model), create=False)
+    return [] if container is None else list(container.tasks)
+
+
+def active_task(model) -> str | None:
+    container = _container(encoder_of(model), create=False)
+    return None if container is None else container.active
+
+
+def set_active(model, name: str | None):
+    """Make task module ``name`` the one the model runs -- and the one that trains: its parameters require
+    gradients, the other task modules' do not (the base stays as it is). None: the plain base. Nothing is
+    copied or reloaded: the hooks read the new name on the next forward pass."""
+    container = _container(encoder_of(model), create=False)
+    names = [] if container is None else list(container.tasks)
+    if name is not None and name not in names:
+        raise InputError(f"no task module named {name!r}; this model has {names or 'none'}")
+    if container is not None:
+        container.active = name
+        for task_name, task in container.tasks.items():
+            for p in task.parameters():
+                p.requires_grad_(task_name == name)
+    return model
+
+
+def remove_adapter(model, name: str):
+    """Remove task module ``name`` (the hooks stay and do nothing for it)."""
+    container = _container(encoder_of(model), create=False)
+    if container is None or name not in container.tasks:
+        raise InputError(f"no task module named {name!r}; this model has {task_names(model) or 'none'}")
+    del container.tasks[name]
+    container.options.pop(name, None)
+    if container.active == name:
+        container.active = None
+    return model
+
+
+def flatten_prefix(model, name: str | None = None):
+    """Fold a prefix task's reparameterisation MLP away: its keys and values computed once, kept as
+    parameters (what inference and ``save_adapter`` use). ``name``: the active task by default."""
+    container = _container(encoder_of(model), create=False)
+    name = name if name is not None else (container.active if container else None)
+    task = container.tasks[name] if container is not None and name in container.tasks else None
+    if task is None or task.kind != "prefix":
+        raise InputError(f"flatten_prefix: {name!r} is not a prefix task module of this model")
+    task.flatten()
+    return model
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    """(trainable, all) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def save_adapter(model, name: str, directory) -> Path:
+    """Write task module ``name`` -- and, for a task head, the head -- to ``directory``: ``adapter_config
+    .json`` (kind, options, the base's fingerprint and source, the head's class and labels) and
+    ``adapter.safetensors``. A prefix task is saved flat (its keys and values; the MLP is for training)."""
+    from safetensors.torch import save_file
+
+    from ..textfiles import atomic_dir
+
+    encoder = encoder_of(model)
+    container = _container(encoder, create=False)
+    if container is None or name not in container.tasks:
+        raise InputError(f"no task module named {name!r}; this model has {task_names(model) or 'none'}")
+    task = container.tasks[name]
+    if task.kind == "prefix" and task.prefix is None:
+        with torch.no_grad():
+            prefix = task.all_prefixes().detach()
+        state = {"prefix": prefix}
+    else:
+        state = {k: v.detach() for k, v in task.state_dict().items()}
+    tensors = {f"task.{k}": v.to("cpu").contiguous() for k, v in state.items()}
+    head = None
+    if model is not encoder:
+        attribute = getattr(model, "head_attribute", None)
+        layer = getattr(model, attribute, None) if attribute else None
+        if layer is not None:
+            tensors |= {f"head.{k}": v.detach().to("cpu").contiguous() for k, v in layer.state_dict().items()}
+            head = {"class": type(model).__name__, "attribute": attribute,
+                    "id2label": {str(k): v for k, v in (model.config.id2label or {}).items()},
+                    "problem_type": model.config.problem_type}
+    source = str(getattr(encoder, "source", "") or "")
+    if source and Path(source).exists():  # a local folder: absolute, so the record holds from anywhere
+        source = str(Path(source).resolve())
+    record = {"name": name, "options": container.options[name], "base_fingerprint": base_fingerprint(encoder),
+              "base_source": source, "hidden_size": encoder.config.hidden_size,
+              "num_hidden_layers": encoder.config.num_hidden_layers, "head": head}
+    with atomic_dir(directory) as tmp:
+        (Path(tmp) / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        save_file(tensors, str(Path(tmp) / WEIGHTS_FILE))
+    return Path(directory)
+
+
+def read_adapter_config(directory) -> dict:
+    from ..textfiles import read_json
+
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file() or not (Path(directory) / WEIGHTS_FILE).is_file():
+        raise InputError(f"{Path(directory).resolve()}: not a saved task module (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
+    record = read_json(path)
+    options = record.get("options") if isinstance(record, dict) else None
+    if not isinstance(options, dict) or options.get("kind") not in KINDS or not isinstance(record.get("name"), str):
+        raise InputError(f"{path.resolve()}: options.kind must be one of {KINDS} and name a string")
+    return record
+
+
+def load_adapter(model, directory, *, name: str | None = None, activate: bool = True, check_base: bool = True):
+    """Add the task module saved in ``directory`` (by ``save_adapter``) under its own name (or ``name``).
+    The base must be the one it was trained on (fingerprint; ``check_base=False`` to skip); a task head
+    given here gets the saved head's weights when the folder has one of its shape. Nothing is added if
+    anything does not fit."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    record = read_adapter_config(directory)
+    encoder = encoder_of(model)
+    if check_base and record.get("base_fingerprint") != base_fingerprint(encoder):
+        raise InputError(f"{directory.resolve()}: trained on another base ({record.get('base_source') or 'unknown'}; "
+                         "fingerprints differ): load it on that base, or pass check_base=False")
+    options = dict(record["options"])
+    kind = options.pop("kind")
+    name = name or record["name"]
+    tensors = load_file(str(directory / WEIGHTS_FILE))
+    task_state = {k[len("task."):]: v for k, v in tensors.items() if k.startswith("task.")}
+    head_state = {k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")}
+    kwargs = {"lora": lambda o: {"r": o["r"], "alpha": o["alpha"], "dropout": o["dropout"], "targets": tuple(o["targets"])},
+              "prefix": lambda o: {"prefix_length": o["prefix_length"], "prefix_bottleneck": o["prefix_bottleneck"],
+                                   "dropout": o["dropout"], "flat": True}}.get(
+        kind, lambda o: {"bottleneck": o["bottleneck"], "nonlinearity": o["nonlinearity"], "init": o["init"]})(options)
+    head_layer = None
+    if head_state and model is not encoder:
+        head_layer = getattr(model, getattr(model, "head_attribute", ""), None)
+        own = None if head_layer is None else head_layer.state_dict()
+        if own is None or set(own) != set(head_state) or any(own[k].shape != v.shape for k, v in head_state.items()):
+            raise InputError(f"{directory.resolve()}: its head ({(record.get('head') or {}).get('class')}) does not fit "
+                             f"this {type(model).__name__}: build the head with task_head(base, directory)")
+    previous = task_names(model)
+    add_adapter(model, name, kind, activate=False, **kwargs)
+    container = _container(encoder, create=False)
+    try:
+        container.tasks[name].load_state_dict({k: v.to(encoder.device) for k, v in task_state.items()})
+    except RuntimeError as error:
+        remove_adapter(model, name)
+        raise InputError(f"{directory.resolve()}: its weights do not fit this model: {str(error).splitlines()[0]}") from None
+    if head_layer is not None:
+        with torch.no_grad():
+            head_layer.load_state_dict({k: v.to(encoder.device) for k, v in head_state.items()})
+    assert task_names(model) == previous + [name]
+    if activate:
+        container.active = name
+    return model
+
+
+def task_head(base, directory, *, activate: bool = True):
+    """A task head for the saved task module in ``directory`` built around ``base`` (a minibert
+    BertModel, shared, not copied): the head class and labels the folder records, its weights, and the
+    task module loaded onto the base. Several heads made this way share one base."""
+    from ..models import heads
+
+    record = read_adapter_config(directory)
+    info = record.get("head")
+    if not info:
+        raise InputError(f"{Path(directory).resolve()}: this task module was saved without a head (from an encoder)")
+    cls = getattr(heads, str(info.get("class")), None)
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, heads._TaskModel):
+        raise InputError(f"{Path(directory).resolve()}: head class {info.get('class')!r} is not one of minibert's heads")
+    encoder = encoder_of(base)
+    config = copy.deepcopy(encoder.config)
+    config.id2label = {int(k): v for k, v in info["id2label"].items()}
+    config.problem_type = info.get("problem_type")
+    with torch.device("meta"):
+        model = cls(config, add_pooler=encoder.pooler is not None)
+    model.bert = encoder
+    out = model.head_out_features()
+    setattr(model, model.head_attribute, nn.Linear(config.hidden_size, out, device=encoder.device, dtype=encoder.dtype))
+    model.source = getattr(encoder, "source", None)
+    name = record["name"]
+    if name in task_names(encoder):  # already on this base (another head of the same task): the head alone
+        from safetensors.torch import load_file
+
+        head_state = {k[5:]: v for k, v in load_file(str(Path(directory) / WEIGHTS_FILE)).items() if k.startswith("head.")}
+        getattr(model, model.head_attribute).load_state_dict(head_state)
+    else:
+        load_adapter(model, directory, activate=activate)
+    model.task_name = name
+    return model.eval()
