@@ -43,6 +43,18 @@ def test_torchrun_two_processes_equal_one_with_the_doubled_batch(tmp_path, minil
     moved = max(float((a["bert." + k] - start[k]).abs().max()) for k in start if "bert." + k in a)
     assert moved > 1e-3  # training did change the weights (15 rows, batches of 8: 2 steps an epoch, 7+8 rows)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
+    # a task module (issue 33): only the adapter and the head train, and they agree too
+    runs = {}
+    for name, launcher, batch in (("one-adapter", [], "8"),
+                                  ("two-adapter", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], "4")):
+        done = subprocess.run([sys.executable, *launcher, "-m", "minibert", *common, "--recipe", "adapter",
+                               "--adapter-size", "8", "--out", str(tmp_path / name), "--batch-size", batch],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = load_file(tmp_path / name / "adapter.safetensors")
+    a, b = runs["one-adapter"], runs["two-adapter"]
+    assert a.keys() == b.keys() and any(k.startswith("task.") for k in a)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
     with pytest.raises(InputError, match="gradual recipe"):
         from minibert.training import ddp
 

@@ -59,6 +59,16 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
 
 
 # --------------------------------------------------------------------------------------- the modules
+def default_init(linear: nn.Linear, generator: torch.Generator | None) -> nn.Linear:
+    """nn.Linear's own initialisation (Kaiming-uniform weight, uniform bias), drawn from ``generator``."""
+    with torch.no_grad():
+        nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5), generator=generator)
+        if linear.bias is not None:
+            bound = 1 / math.sqrt(linear.in_features)
+            nn.init.uniform_(linear.bias, -bound, bound, generator=generator)
+    return linear
+
+
 class BottleneckAdapter(nn.Module):
     """down-projection, nonlinearity, up-projection, plus a residual: ``residual + up(act(down(x)))``.
 
@@ -66,7 +76,8 @@ class BottleneckAdapter(nn.Module):
     starts as the base exactly), ``bert`` (AdapterHub's default: N(0, 0.02) weights, zero biases) or
     ``houlsby`` (truncated N(0, 0.01^2) weights, zero biases, as Houlsby et al.)."""
 
-    def __init__(self, hidden: int, bottleneck: int, nonlinearity: str, init: str, dtype=None, device=None):
+    def __init__(self, hidden: int, bottleneck: int, nonlinearity: str, init: str, dtype=None, device=None,
+                 generator: torch.Generator | None = None):
         super().__init__()
         self.down = nn.Linear(hidden, bottleneck, dtype=dtype, device=device)  # H -> m
         self.up = nn.Linear(bottleneck, hidden, dtype=dtype, device=device)  # m -> H
@@ -75,14 +86,15 @@ class BottleneckAdapter(nn.Module):
         self.hook_down, self.hook_output = HookPoint(), HookPoint()
         with torch.no_grad():
             if init == "identity":
+                default_init(self.down, generator)
                 nn.init.zeros_(self.up.weight)
                 nn.init.zeros_(self.up.bias)
             else:
                 for linear in (self.down, self.up):
                     if init == "bert":
-                        nn.init.normal_(linear.weight, std=0.02)
+                        nn.init.normal_(linear.weight, std=0.02, generator=generator)
                     else:
-                        nn.init.trunc_normal_(linear.weight, std=1e-2, a=-2e-2, b=2e-2)
+                        nn.init.trunc_normal_(linear.weight, std=1e-2, a=-2e-2, b=2e-2, generator=generator)
                     nn.init.zeros_(linear.bias)
 
     def forward(self, x, residual):  # (B, T, H) each
@@ -96,11 +108,12 @@ class BottleneckAdapter(nn.Module):
 class BottleneckTask(nn.Module):
     """One task's bottleneck adapters: ``ffn[i]`` for every block, and ``attn[i]`` for Houlsby's."""
 
-    def __init__(self, kind: str, config, bottleneck: int, nonlinearity: str, init: str, dtype, device):
+    def __init__(self, kind: str, config, bottleneck: int, nonlinearity: str, init: str, dtype, device, generator=None):
         super().__init__()
         self.kind = kind
         n, H = config.num_hidden_layers, config.hidden_size
-        make = lambda: BottleneckAdapter(H, bottleneck, nonlinearity, init, dtype=dtype, device=device)  # noqa: E731
+        make = lambda: BottleneckAdapter(H, bottleneck, nonlinearity, init, dtype=dtype, device=device,  # noqa: E731
+                                         generator=generator)
         self.attn = nn.ModuleList(make() for _ in range(n)) if kind == "houlsby" else None
         self.ffn = nn.ModuleList(make() for _ in range(n))
 
@@ -112,21 +125,26 @@ class PrefixTask(nn.Module):
     Linear(m, layers x 2 x H), AdapterHub's layout (for block i: keys at 2i, values at 2i + 1). Flat
     (``flatten_prefix``, or loaded): ``prefix`` (layers, 2, P, H) itself."""
 
-    def __init__(self, config, prefix_length: int, bottleneck: int, dropout: float, flat: bool, dtype, device):
+    def __init__(self, config, prefix_length: int, bottleneck: int, dropout: float, flat: bool, dtype, device,
+                 generator=None):
         super().__init__()
         self.kind = "prefix"
         self.layers, self.heads, self.hidden = config.num_hidden_layers, config.num_attention_heads, config.hidden_size
         self.prefix_length = prefix_length
         self.dropout = nn.Dropout(dropout)
         if flat:
-            self.prefix = nn.Parameter(torch.randn(self.layers, 2, prefix_length, self.hidden, dtype=dtype,
-                                                   device=device) * 0.02)
+            self.prefix = nn.Parameter(torch.randn(self.layers, 2, prefix_length, self.hidden, generator=generator)
+                                       .mul_(0.02).to(dtype=dtype, device=device))
             self.embedding = self.mlp = None
         else:
             self.prefix = None
             self.embedding = nn.Embedding(prefix_length, self.hidden, dtype=dtype, device=device)
             self.mlp = nn.Sequential(nn.Linear(self.hidden, bottleneck, dtype=dtype, device=device), nn.Tanh(),
                                      nn.Linear(bottleneck, self.layers * 2 * self.hidden, dtype=dtype, device=device))
+            with torch.no_grad():  # torch's defaults (N(0, 1) embedding, Kaiming-uniform linears), from ``generator``
+                self.embedding.weight.normal_(generator=generator)
+                default_init(self.mlp[0], generator)
+                default_init(self.mlp[2], generator)
 
     def all_prefixes(self) -> torch.Tensor:  # (layers, 2, P, H)
         if self.prefix is not None:
@@ -154,12 +172,14 @@ class PrefixTask(nn.Module):
 class LoRAPair(nn.Module):
     """A (r, in) and B (out, r) of one adapted linear layer; the update is (alpha / r) B A dropout(x)."""
 
-    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float, dtype, device):
+    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float, dtype, device,
+                 generator=None):
         super().__init__()
         self.scale = alpha / r
         self.lora_A = nn.Parameter(torch.empty(r, in_features, dtype=dtype, device=device))
         self.lora_B = nn.Parameter(torch.zeros(out_features, r, dtype=dtype, device=device))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        with torch.no_grad():
+            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):  # (..., in) -> (..., out)
@@ -169,11 +189,11 @@ class LoRAPair(nn.Module):
 class LoRATask(nn.Module):
     """One task's LoRA pairs, keyed by the adapted layer's module path (dots written as ``__``)."""
 
-    def __init__(self, layers: dict, r: int, alpha: float, dropout: float, dtype, device):
+    def __init__(self, layers: dict, r: int, alpha: float, dropout: float, dtype, device, generator=None):
         super().__init__()
         self.kind = "lora"
         self.pairs = nn.ModuleDict({path.replace(".", "__"): LoRAPair(m.in_features, m.out_features, r, alpha,
-                                                                      dropout, dtype, device)
+                                                                      dropout, dtype, device, generator)
                                     for path, m in layers.items()})
 
     def pair(self, path: str):
@@ -278,7 +298,7 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
                 reduction_factor: float | None = None, nonlinearity: str | None = None, init: str = "identity",
                 prefix_length: int = 16, prefix_bottleneck: int = 512, flat: bool = False, dropout: float = 0.0,
                 r: int = 8, alpha: float = 16.0, targets=("query", "value"), activate: bool = True,
-                train_head: tuple[str, ...] = ("classifier", "qa_outputs")):
+                train_head: tuple[str, ...] = ("classifier", "qa_outputs"), seed: int | None = 0):
     """Add a task module ``name`` of ``kind`` (houlsby, pfeiffer, prefix, lora) to ``model`` (an encoder or
     a task head: the module goes on its encoder), freeze the base and make it active (``activate``).
     What trains afterwards: the new module and the head's layers named in ``train_head``.
@@ -286,7 +306,8 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
     houlsby / pfeiffer: ``bottleneck`` m (or ``reduction_factor``: m = H // factor, AdapterHub's way),
     ``nonlinearity`` (swish for Houlsby, relu for Pfeiffer by default, as AdapterHub), ``init``.
     prefix: ``prefix_length`` P, ``prefix_bottleneck`` (the MLP's width), ``flat`` (no MLP), ``dropout``.
-    lora: ``r``, ``alpha``, ``dropout``, ``targets`` (as ``training.lora.lora_targets``). Returns the model."""
+    lora: ``r``, ``alpha``, ``dropout``, ``targets`` (as ``training.lora.lora_targets``). The random parts
+    are drawn from a generator seeded with ``seed`` (None: torch's global one). Returns the model."""
     encoder = encoder_of(model)
     config = encoder.config
     if not isinstance(name, str) or not name.isidentifier():
@@ -300,6 +321,7 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
         raise InputError(f"init={init!r}: use one of {INITS}")
     check_fraction("dropout", dropout)
     dtype, device = encoder.dtype, encoder.device
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
     quantized = bool(getattr(encoder, "quantized", None))
     if quantized:
         dtype = torch.float32  # an int8 base computes in fp32 between its int8 products
@@ -312,12 +334,12 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
         nonlinearity = nonlinearity or ("swish" if kind == "houlsby" else "relu")
         if nonlinearity not in NONLINEARITIES:
             raise InputError(f"nonlinearity={nonlinearity!r}: use one of {tuple(NONLINEARITIES)}")
-        task = BottleneckTask(kind, config, bottleneck, nonlinearity, init, dtype, device)
+        task = BottleneckTask(kind, config, bottleneck, nonlinearity, init, dtype, device, generator)
         options |= {"bottleneck": bottleneck, "nonlinearity": nonlinearity, "init": init}
     elif kind == "prefix":
         check_positive("prefix_length", prefix_length, "keys and values per block")
         check_positive("prefix_bottleneck", prefix_bottleneck, "the reparameterisation MLP's width")
-        task = PrefixTask(config, prefix_length, prefix_bottleneck, dropout, flat, dtype, device)
+        task = PrefixTask(config, prefix_length, prefix_bottleneck, dropout, flat, dtype, device, generator)
         options |= {"prefix_length": prefix_length, "prefix_bottleneck": prefix_bottleneck, "dropout": dropout}
     else:
         from .lora import lora_targets
@@ -327,7 +349,7 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
             raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
                              "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
         paths = lora_targets(encoder, targets)
-        task = LoRATask({p: encoder.get_submodule(p) for p in paths}, r, alpha, dropout, dtype, device)
+        task = LoRATask({p: encoder.get_submodule(p) for p in paths}, r, alpha, dropout, dtype, device, generator)
         options |= {"r": r, "alpha": alpha, "dropout": dropout, "targets": paths}
     for p in model.parameters():
         p.requires_grad_(False)

@@ -113,7 +113,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
         options = {"lora": {"kind": "lora", "r": lora_rank, "alpha": 2.0 * lora_rank, "targets": tuple(lora_targets)},
                    "prefix": {"kind": "prefix", "prefix_length": prefix_length},
                    "adapter": {"kind": adapter_kind, "bottleneck": adapter_size}}[recipe]
-        add_adapter(model, name, **options)
+        add_adapter(model, name, seed=config.seed, **options)
 
         def save_module(m, directory):
             save_adapter(m, name, directory)  # a prefix is saved flat (the MLP is for training only)
