@@ -200,7 +200,9 @@ def part_run(args, work, results):
 
     suffix = "" if (args.lr, args.dropout, args.bf16) == (5e-4, None, False) else \
         f"-lr{args.lr:g}-dropout{args.dropout}" + ("-bf16" if args.bf16 else "")
-    out = RESULTS / "pretrain-runs.tmp" / f"{args.geometry}-{args.minutes}min{suffix}"
+    suffix += "" if args.batch == 32 else f"-batch{args.batch}"
+    budget = f"{args.steps}steps" if args.steps else f"{args.minutes}min"
+    out = RESULTS / "pretrain-runs.tmp" / f"{args.geometry}-{budget}{suffix}"
     previous = results.get("run")
     if previous and previous["folder"] != str(out.relative_to(ROOT)):  # an earlier setting: kept in short
         evals = [x for x in previous["log"] if "eval_loss" in x]
@@ -211,13 +213,14 @@ def part_run(args, work, results):
     if (out / "pretrain.json").exists():  # a finished run: its results are collected again, not trained again
         done = json.loads((out / "pretrain.json").read_text())
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        results["run"] = {"geometry": args.geometry, "steps": done["steps"], "batch": "32 x 128", "lr": args.lr,
+        results["run"] = {"geometry": args.geometry, "steps": done["steps"], "batch": f"{args.batch} x 128", "lr": args.lr,
                           "bf16": args.bf16, "dropout": args.dropout,
                           "minutes": args.minutes, "seconds": results.get("run", {}).get("seconds", args.minutes * 60),
                           "summary": done["last"], "log": log, "folder": str(out.relative_to(ROOT)), "reused": True}
         plot_run(log, ROOT / "docs" / "img" / f"{args.name}_run.png", args.geometry)
         return
-    probe = PretrainConfig(steps=5, batch_size=32, log_every=5, progress=False)
+    batch = args.batch
+    probe = PretrainConfig(steps=5, batch_size=batch, log_every=5, progress=False)
     tokenizer = BertTokenizer.from_pretrained(MINILM)
     config = geometry_config(len(tokenizer.vocab), geometry=args.geometry)
     store = TokenStore.build(corpus_files_for_runs(), tokenizer, RESULTS / "pretrain-runs.tmp" / "store", progress=False)
@@ -231,22 +234,23 @@ def part_run(args, work, results):
                 module.p = args.dropout
     for i in range(probe.steps):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss = model(**examples.batch(range(i * 32, (i + 1) * 32))).loss
+            loss = model(**examples.batch(range(i * batch, (i + 1) * batch))).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
     per_step = (time.perf_counter() - start) / probe.steps
-    steps = max(10, int(args.minutes * 60 / per_step))
-    print(f"  run: {per_step:.2f} s a step of 32 x 128 -> {steps} steps for {args.minutes} minutes", flush=True)
+    steps = args.steps or max(10, int(args.minutes * 60 / per_step))
+    print(f"  run: {per_step:.2f} s a step of {batch} x 128 -> {steps} steps "
+          f"(~{steps * per_step / 60:.0f} minutes on an idle machine)", flush=True)
     started = time.perf_counter()
     summary = run_pretraining(corpus_files_for_runs(), out, geometry=args.geometry, vocab=str(MINILM),
                               max_length=128, eval_texts=fetch_data.fetch_sentences() / "held.txt",
-                              config=PretrainConfig(steps=steps, batch_size=32, lr=args.lr, bf16=args.bf16, eval_every=max(1, steps // 20),
+                              config=PretrainConfig(steps=steps, batch_size=batch, lr=args.lr, bf16=args.bf16, eval_every=max(1, steps // 20),
                                                     save_every=max(1, steps // 10), log_every=max(1, steps // 100),
                                                     eval_examples=256, progress=True),
-                              dropout=args.dropout, log=print)
+                              dropout=args.dropout, resume=any((out / "checkpoints").glob("step-*")), log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    results["run"] = {"geometry": args.geometry, "steps": steps, "batch": "32 x 128", "lr": args.lr,
+    results["run"] = {"geometry": args.geometry, "steps": steps, "batch": f"{batch} x 128", "lr": args.lr,
                       "bf16": args.bf16, "dropout": args.dropout, "minutes": args.minutes,
                       "seconds": time.perf_counter() - started, "summary": summary, "log": log,
                       "folder": str(out.relative_to(ROOT))}
@@ -514,6 +518,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--geometry", default="mini", choices=sorted(GEOMETRIES))
     parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--steps", type=int, default=None, help="steps of the from-scratch run (instead of --minutes)")
+    parser.add_argument("--batch", type=int, default=32, help="sequences of 128 tokens a step of the from-scratch run")
     parser.add_argument("--lr", type=float, default=5e-4, help="peak learning rate of the from-scratch run")
     parser.add_argument("--bf16", action="store_true", help="the from-scratch run under bf16 autocast")
     parser.add_argument("--dropout", type=float, default=None,
