@@ -58,7 +58,9 @@ def cmd_finetune(args) -> int:
                        adapter_size=args.adapter_size, prefix_length=args.prefix_length)
     if history.best_epoch is None:  # a torchrun process other than 0: it trained; process 0 evaluates and writes
         return 0
-    print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: checkpoint, tokenizer, "
+    what = ("the task module and its head (on the base it names)" if args.recipe in ("adapter", "prefix") or
+            (args.recipe == "lora" and not args.merge_lora) else "checkpoint")
+    print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: {what}, tokenizer, "
           "metrics.json")
     return 0
 
