@@ -86,12 +86,12 @@ def cmd_predict(args) -> int:
     from ..training.adapters import CONFIG_FILE
     from ..training.recipes import ScalarMixClassifier
 
-    lines = read_lines(args.texts)  # checked before any model is loaded
-    if not any(line.strip() for line in lines):
-        raise InputError(f"{args.texts} has no non-empty lines")
     for folder in args.checkpoint:
         if not Path(folder).is_dir():
             raise not_found(folder, "checkpoint folder")
+    lines = read_lines(args.texts)  # checked before any model is loaded
+    if not any(line.strip() for line in lines):
+        raise InputError(f"{args.texts} has no non-empty lines")
     modules = [Path(f) for f in args.checkpoint if (Path(f) / CONFIG_FILE).is_file()]
     if modules:
         if len(modules) != len(args.checkpoint):
