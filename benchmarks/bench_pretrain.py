@@ -266,7 +266,7 @@ def part_stopped(args, work, results):
     from minibert.training.pretrain import checkpoints
 
     stopped = []
-    for folder in sorted((RESULTS / "pretrain-runs.tmp").glob(f"{args.geometry}-*min*")):
+    for folder in sorted((RESULTS / "pretrain-runs.tmp").glob(f"{args.geometry}-*")):
         found = checkpoints(folder)
         if (folder / "pretrain.json").exists() or not found or not (folder / "log.jsonl").exists():
             continue
@@ -275,6 +275,7 @@ def part_stopped(args, work, results):
         dropout = re.search(r"-dropout([0-9.]+)", folder.name)
         stopped.append({"folder": str(folder.relative_to(ROOT)), "planned_steps": config["steps"], "lr": config["lr"],
                         "bf16": config["bf16"], "dropout": float(dropout.group(1)) if dropout else None,
+                        "batch": config["batch_size"], "checkpoint_step": int(found[-1].name.split("-")[1]),
                         "last_eval": evals[-1] if evals else None})
     results["stopped_runs"] = stopped
 
@@ -459,17 +460,22 @@ def markdown(results: dict) -> str:
                 f"{0.1 if e['dropout'] is None else e['dropout']:g}, stayed on the unigram plateau: held-out loss "
                 f"{last.get('eval_loss', float('nan')):.3f}, masked-token accuracy {last.get('masked_accuracy', float('nan')):.3f}"
                 + (f"; TREC-6 {trec}." if trec else "."), ""]
+    run_batch = int(str(results.get("run", {}).get("batch", "32")).split()[0])
     for e in results.get("stopped_runs", []):
         last = e["last_eval"] or {}
         finished = [x for x in results.get("run", {}).get("log", []) if "eval_loss" in x]
-        near = min(finished, key=lambda x: abs(x["step"] - last.get("step", 0)), default=None)
-        out += [f"A second run at peak learning rate {e['lr']:g}, dropout "
-                f"{0.1 if e['dropout'] is None else e['dropout']:g}{', bf16 autocast' if e['bf16'] else ''}, planned "
-                f"for {e['planned_steps']:,} steps, was stopped at step {last.get('step', 0):,} to free the machine: "
+        batch = e.get("batch", 32)
+        same_sequences = last.get("step", 0) * batch / run_batch  # the finished run's step with as many sequences
+        near = min(finished, key=lambda x: abs(x["step"] - same_sequences), default=None)
+        out += [f"Another run at peak learning rate {e['lr']:g}, dropout "
+                f"{0.1 if e['dropout'] is None else e['dropout']:g}{', bf16 autocast' if e['bf16'] else ''}, batch "
+                f"{batch} x 128, planned for {e['planned_steps']:,} steps, was stopped at step {last.get('step', 0):,} "
+                f"to free the machine (its newest checkpoint, step {e.get('checkpoint_step', 0):,} in `{e['folder']}`, "
+                "is where the same bench command resumes it): "
                 f"held-out loss {last.get('eval_loss', float('nan')):.3f}, masked-token accuracy "
                 f"{last.get('masked_accuracy', float('nan')):.3f}"
-                + (f" (the run above at step {near['step']:,}: {near['eval_loss']:.3f}, {near['masked_accuracy']:.3f})."
-                   if near else "."), ""]
+                + (f" (the run above after as many sequences, step {near['step']:,}: {near['eval_loss']:.3f}, "
+                   f"{near['masked_accuracy']:.3f})." if near else "."), ""]
     if "downstream" in results:
         d = results["downstream"]
         out += ["## What the run learnt", "", "A linear probe per hidden state for parts of speech "

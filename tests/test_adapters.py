@@ -212,7 +212,6 @@ def test_training_moves_only_the_task_module_and_the_head():
 
 
 def test_tools_on_an_adapted_model():
-    from minibert.analysis.probing import probe_model  # noqa: F401  (imported: probing takes any BertModel)
     from minibert.quantize import quantize_linears
 
     model, batch, hidden, _ = with_adapterhub_weights("houlsby", reduction_factor=4)
