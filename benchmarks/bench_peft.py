@@ -65,15 +65,10 @@ def peak_mib() -> float:
 
 
 def slice_file(src: Path, dst: Path, n: int | None, tagged: bool) -> Path:
-    if n is None:
-        return src
-    if tagged:
-        blocks = [b for b in src.read_text(encoding="utf-8").split("\n\n") if b.strip()][:n]
-        dst.write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
-    else:
-        lines = src.read_text(encoding="utf-8").splitlines()
-        dst.write_text("\n".join(lines[: n + 1]) + "\n", encoding="utf-8")
-    return dst
+    """The first n examples of a training file (bench_finetune's slicing); all of it for None."""
+    from bench_finetune import slice_file as first_examples
+
+    return src if n is None else first_examples(src, dst, n, tagged)
 
 
 def dataset_files(args, workdir: Path) -> dict:
