@@ -99,6 +99,7 @@ def one_run(dataset: str, method: str, seed: int, train: Path, test: Path, epoch
     return {"dataset": dataset, "method": method, "seed": seed, "lr": lr, "epochs": epochs,
             "best_metric": metrics["best_metric"], "best_epoch": metrics["best_epoch"],
             "seconds_per_epoch": statistics.mean(e["seconds"] for e in history.epochs),
+            "train_loss": [e.get("train_loss") for e in history.epochs],
             "examples": steps - 1 if steps else None, "peak_memory_mib": peak_mib(),
             "peak_memory_growth_mib": peak_mib() - before, "written_bytes": written}
 
@@ -271,8 +272,9 @@ def part_refquality(args, results):
     results["refquality"] = rows
 
 
-def train_reference(model, train: Path, test: Path, lr: float, epochs: int) -> dict:
-    """A transformers-convention model trained with our batches, schedule and optimiser; test accuracy."""
+def train_reference(model, train: Path, test: Path, lr: float, epochs: int, task: str = "classify") -> dict:
+    """A transformers-convention model trained with our batches, schedule and optimiser: test accuracy
+    (classify), and the mean training loss of each epoch (both tasks)."""
     import time
 
     from minibert import BertTokenizer
@@ -281,7 +283,7 @@ def train_reference(model, train: Path, test: Path, lr: float, epochs: int) -> d
 
     torch.manual_seed(0)
     tokenizer = BertTokenizer.from_pretrained(MODEL)
-    data = read_task_data("classify", train, test)
+    data = read_task_data(task, train, test)
     names = sorted(set(data.labels("train")), key=str)
     label2id = {n: i for i, n in enumerate(names)}
     batches = data.batches(tokenizer, label2id, batch_size=16, max_length=64, seed=0)  # batches(epoch), as fit's
@@ -292,9 +294,10 @@ def train_reference(model, train: Path, test: Path, lr: float, epochs: int) -> d
     warmup = int(0.1 * total)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / max(1, warmup) if s < warmup
                                                  else max(0.0, (total - s) / max(1, total - warmup)))
-    best, start = 0.0, time.perf_counter()
+    best, start, losses = 0.0, time.perf_counter(), []
     for epoch in range(epochs):
         model.train()
+        total_loss, steps = 0.0, 0
         for batch in batches(epoch):
             batch = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
             loss = model(**batch).loss
@@ -303,6 +306,10 @@ def train_reference(model, train: Path, test: Path, lr: float, epochs: int) -> d
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
+            total_loss, steps = total_loss + loss.item(), steps + 1
+        losses.append(total_loss / steps)
+        if task != "classify":
+            continue
         model.eval()
         held = data.held
         predicted = []
@@ -312,15 +319,17 @@ def train_reference(model, train: Path, test: Path, lr: float, epochs: int) -> d
                 predicted += [names[j] for j in model(**enc).logits.argmax(-1).tolist()]
         best = max(best, metrics.accuracy(predicted, [str(y) for y in held.labels]))
     trained = sum(p.numel() for p in params)
-    return {"accuracy": best, "trainable": trained, "seconds": time.perf_counter() - start, "epochs": epochs, "lr": lr}
+    return {"accuracy": best if task == "classify" else None, "train_loss": losses, "trainable": trained,
+            "seconds": time.perf_counter() - start, "epochs": epochs, "lr": lr, "task": task}
 
 
-def adapterhub_train(name: str, head: Path, train: Path, test: Path, epochs: int) -> dict:
+def adapterhub_train(name: str, head: Path, train: Path, test: Path, epochs: int, task: str = "classify") -> dict:
     import adapters
     import transformers
     from adapters import DoubleSeqBnConfig, PrefixTuningConfig, SeqBnConfig
 
-    model = transformers.BertForSequenceClassification.from_pretrained(head)
+    cls = transformers.BertForSequenceClassification if task == "classify" else transformers.BertForTokenClassification
+    model = cls.from_pretrained(head)
     adapters.init(model)
     config = {"houlsby": DoubleSeqBnConfig(reduction_factor=384 / 64), "pfeiffer": SeqBnConfig(reduction_factor=384 / 64),
               "prefix": PrefixTuningConfig(prefix_length=16, bottleneck_size=512)}[name]
@@ -328,7 +337,28 @@ def adapterhub_train(name: str, head: Path, train: Path, test: Path, epochs: int
     model.train_adapter(name)
     for p in model.classifier.parameters():
         p.requires_grad_(True)
-    return train_reference(model, train, test, METHODS[name][1], epochs)
+    return train_reference(model, train, test, METHODS[name][1], epochs, task)
+
+
+def part_reftagging(args, results):
+    """AdapterHub's Houlsby adapter trained on the WNUT-16 slice as ours was (seed 0, same batches, schedule and
+    epochs): its training loss per epoch beside our run's, to tell the method from our implementation when
+    the entity F1 stays at 0."""
+    from minibert import BertForTokenClassification
+    from minibert.training.pipelines.skeleton import read_task_data
+
+    workdir = RESULTS / "peft-runs.tmp"
+    workdir.mkdir(parents=True, exist_ok=True)
+    train, test = dataset_files(args, workdir)["wnut16"]
+    names = sorted(set(read_task_data("tag", train, test).labels("train")), key=str)
+    with tempfile.TemporaryDirectory() as tmp:
+        head = Path(tmp) / "head"
+        BertForTokenClassification.from_encoder(MODEL, labels=names, seed=0).save_pretrained(head)
+        python = Path(os.environ.get("ADAPTER_REFERENCES_PYTHON", ROOT / ".cache" / "adapter-references-env" / "bin" / "python"))
+        out = subprocess.run([str(python), __file__, "--adapterhub-train", "houlsby", str(head), str(train), str(test),
+                              str(args.epochs), "tag"], stdout=subprocess.PIPE, text=True, check=True,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    results["reftagging"] = {"adapters houlsby": json.loads(out.stdout.strip().splitlines()[-1])}
 
 
 # --------------------------------------------------------------------------------------------- memory
@@ -431,6 +461,14 @@ def markdown(results: dict) -> str:
         for name, row in results["refquality"].items():
             out.append(f"| {name} | {row['accuracy']:.4f} | {row['trainable']:,} | {row['lr']:g} |")
         out.append("")
+    if results.get("reftagging"):
+        row = results["reftagging"]["adapters houlsby"]
+        ours = [r for r in results.get("runs", []) if r["dataset"] == "wnut16" and r["method"] == "houlsby"
+                and r["seed"] == 0 and r["lr"] == METHODS["houlsby"][1]]
+        out += ["## AdapterHub's Houlsby adapter on the WNUT-16 slice (seed 0, trained as ours)", "",
+                f"Mean training loss per epoch: AdapterHub {', '.join(f'{x:.3f}' for x in row['train_loss'])}"
+                + (f"; ours {', '.join(f'{x:.3f}' for x in ours[0]['train_loss'])}" if ours and ours[0].get("train_loss")
+                   else "") + " (predicting \"O\" everywhere costs about 0.36 here).", ""]
     if results.get("memory"):
         m = results["memory"]
         out += ["## One base, five tasks", "",
@@ -507,7 +545,7 @@ def main():
                         help="another learning rate for a method (its runs are kept beside the default's)")
     parser.add_argument("--one", nargs=8, help=argparse.SUPPRESS)
     parser.add_argument("--adapterhub-speed", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--adapterhub-train", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--adapterhub-train", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -519,8 +557,8 @@ def main():
         print(json.dumps(adapterhub_speed(Path(args.adapterhub_speed[0]), int(args.adapterhub_speed[1]))))
         return
     if args.adapterhub_train:
-        name, head, train, test, epochs = args.adapterhub_train
-        print(json.dumps(adapterhub_train(name, Path(head), Path(train), Path(test), int(epochs))))
+        name, head, train, test, epochs, *task = args.adapterhub_train
+        print(json.dumps(adapterhub_train(name, Path(head), Path(train), Path(test), int(epochs), *task)))
         return
     if args.memory_child:
         print(json.dumps(memory_child(args.memory_child)))
@@ -529,7 +567,8 @@ def main():
     results = json.loads(path.read_text()) if path.exists() else {}
     for part in args.parts.split(","):
         print(f"part {part}", flush=True)
-        {"runs": part_runs, "speed": part_speed, "refquality": part_refquality, "memory": part_memory,
+        {"runs": part_runs, "speed": part_speed, "refquality": part_refquality, "reftagging": part_reftagging,
+         "memory": part_memory,
          "report": lambda *a: None}[part](args, results)
         save(args, results)
     print(markdown(results))
