@@ -46,7 +46,7 @@ def add_finetune(sub) -> None:
 
 def cmd_finetune(args) -> int:
     from ..training.loop import FitConfig
-    from ..training.pipelines.finetune import finetune
+    from ..training.pipelines.finetune import TASK_MODULE_RECIPES, finetune
 
     config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
                        resume=args.resume)
@@ -58,8 +58,8 @@ def cmd_finetune(args) -> int:
                        adapter_size=args.adapter_size, prefix_length=args.prefix_length)
     if history.best_epoch is None:  # a torchrun process other than 0: it trained; process 0 evaluates and writes
         return 0
-    what = ("the task module and its head (on the base it names)" if args.recipe in ("adapter", "prefix") or
-            (args.recipe == "lora" and not args.merge_lora) else "checkpoint")
+    what = ("the task module and its head (on the base it names)"
+            if args.recipe in TASK_MODULE_RECIPES and not args.merge_lora else "checkpoint")
     print(f"best epoch {history.best_epoch} ({history.best_metric:.4f}); wrote {args.out}: {what}, tokenizer, "
           "metrics.json")
     return 0

@@ -191,7 +191,7 @@ class _Packed:
         self.hook_dicts = [d for module in model.modules()
                            for d in (module._forward_hooks, module._forward_pre_hooks)]
         # attention's key/value slots (prefix-tuning fills them): a filled one also sends a call there
-        self.kv_slots = [b.attn.kv for b in model.encoder.blocks if hasattr(b.attn, "kv")]
+        self.kv_slots = [b.attn.kv for b in model.encoder.blocks]
         self.threads = torch.get_num_threads()  # the summation blocks found hold for this thread count
         with torch.inference_mode():
             self.blocks = [_FastBlock(b, model.config.hidden_act, fp32_kernel) for b in model.encoder.blocks]

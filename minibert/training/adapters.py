@@ -51,11 +51,15 @@ from torch import nn
 from ..checks import check_fraction, check_positive
 from ..errors import InputError
 from ..hookpoints import HookPoint
+from .lora import LoRAPair
 
 KINDS = ("houlsby", "pfeiffer", "prefix", "lora")
 NONLINEARITIES = {"swish": F.silu, "silu": F.silu, "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh}
 INITS = ("identity", "bert", "houlsby")
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
+#: what ``save_adapter`` records of each kind's options: ``add_adapter``'s argument names
+SAVED_OPTIONS = {"houlsby": ("bottleneck", "nonlinearity", "init"), "pfeiffer": ("bottleneck", "nonlinearity", "init"),
+                 "prefix": ("prefix_length", "prefix_bottleneck", "dropout"), "lora": ("r", "alpha", "dropout", "targets")}
 
 
 # --------------------------------------------------------------------------------------- the modules
@@ -169,23 +173,6 @@ class PrefixTask(nn.Module):
             self.embedding = self.mlp = None
 
 
-class LoRAPair(nn.Module):
-    """A (r, in) and B (out, r) of one adapted linear layer; the update is (alpha / r) B A dropout(x)."""
-
-    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float, dtype, device,
-                 generator=None):
-        super().__init__()
-        self.scale = alpha / r
-        self.lora_A = nn.Parameter(torch.empty(r, in_features, dtype=dtype, device=device))
-        self.lora_B = nn.Parameter(torch.zeros(out_features, r, dtype=dtype, device=device))
-        with torch.no_grad():
-            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):  # (..., in) -> (..., out)
-        return (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
-
-
 class LoRATask(nn.Module):
     """One task's LoRA pairs, keyed by the adapted layer's module path (dots written as ``__``)."""
 
@@ -282,16 +269,9 @@ def _container(encoder, create: bool) -> TaskModules | None:
 
 def base_fingerprint(model) -> str:
     """sha256 of the base's own tensors (task modules left out): what a saved task module was trained on."""
-    import hashlib
+    from ..tools.fingerprint import weights_fingerprint
 
-    h = hashlib.sha256()
-    for name, tensor in encoder_of(model).state_dict().items():
-        if name.startswith("task_modules."):
-            continue
-        t = tensor.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+    return weights_fingerprint(encoder_of(model), skip=("task_modules.",))
 
 
 def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | None = 64,
@@ -485,29 +465,37 @@ def read_adapter_config(directory) -> dict:
     return record
 
 
+def saved_tensors(directory) -> tuple[dict, dict]:
+    """(the task module's state, the head's state) from a folder ``save_adapter`` wrote."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(directory) / WEIGHTS_FILE))
+    return ({k[len("task."):]: v for k, v in tensors.items() if k.startswith("task.")},
+            {k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")})
+
+
 def load_adapter(model, directory, *, name: str | None = None, activate: bool = True, check_base: bool = True):
     """Add the task module saved in ``directory`` (by ``save_adapter``) under its own name (or ``name``).
     The base must be the one it was trained on (fingerprint; ``check_base=False`` to skip); a task head
     given here gets the saved head's weights when the folder has one of its shape. Nothing is added if
     anything does not fit."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     record = read_adapter_config(directory)
     encoder = encoder_of(model)
     if check_base and record.get("base_fingerprint") != base_fingerprint(encoder):
         raise InputError(f"{directory.resolve()}: trained on another base ({record.get('base_source') or 'unknown'}; "
                          "fingerprints differ): load it on that base, or pass check_base=False")
-    options = dict(record["options"])
-    kind = options.pop("kind")
+    kind = record["options"]["kind"]
+    missing = [key for key in SAVED_OPTIONS[kind] if key not in record["options"]]
+    if missing:
+        raise InputError(f"{directory.resolve() / CONFIG_FILE}: options of a {kind} module need {missing}")
+    kwargs = {key: record["options"][key] for key in SAVED_OPTIONS[kind]}  # add_adapter's own argument names
+    if kind == "lora":
+        kwargs["targets"] = tuple(kwargs["targets"])
+    if kind == "prefix":
+        kwargs["flat"] = True  # saved flat
     name = name or record["name"]
-    tensors = load_file(str(directory / WEIGHTS_FILE))
-    task_state = {k[len("task."):]: v for k, v in tensors.items() if k.startswith("task.")}
-    head_state = {k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")}
-    kwargs = {"lora": lambda o: {"r": o["r"], "alpha": o["alpha"], "dropout": o["dropout"], "targets": tuple(o["targets"])},
-              "prefix": lambda o: {"prefix_length": o["prefix_length"], "prefix_bottleneck": o["prefix_bottleneck"],
-                                   "dropout": o["dropout"], "flat": True}}.get(
-        kind, lambda o: {"bottleneck": o["bottleneck"], "nonlinearity": o["nonlinearity"], "init": o["init"]})(options)
+    task_state, head_state = saved_tensors(directory)
     head_layer = None
     if head_state and model is not encoder:
         head_layer = getattr(model, getattr(model, "head_attribute", ""), None)
@@ -557,10 +545,7 @@ def task_head(base, directory, *, activate: bool = True):
     model.source = getattr(encoder, "source", None)
     name = record["name"]
     if name in task_names(encoder):  # already on this base (another head of the same task): the head alone
-        from safetensors.torch import load_file
-
-        head_state = {k[5:]: v for k, v in load_file(str(Path(directory) / WEIGHTS_FILE)).items() if k.startswith("head.")}
-        getattr(model, model.head_attribute).load_state_dict(head_state)
+        getattr(model, model.head_attribute).load_state_dict(saved_tensors(directory)[1])
     else:
         load_adapter(model, directory, activate=activate)
     model.task_name = name

@@ -24,7 +24,28 @@ from ..checks import check_positive
 from ..errors import InputError
 
 
-class LoRALinear(nn.Module):
+class LoRAPair(nn.Module):
+    """A (r, in) and B (out, r) of one adapted linear layer; the update is (alpha / r) B A dropout(x). A
+    starts Kaiming-uniform (from ``generator``, or torch's global one), B at zero."""
+
+    def __init__(self, in_features: int, out_features: int, r: int, alpha: float, dropout: float = 0.0, dtype=None,
+                 device=None, generator: torch.Generator | None = None):
+        super().__init__()
+        self.r, self.scale = r, alpha / r
+        self.lora_A = nn.Parameter(torch.empty(r, in_features, dtype=dtype, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, r, dtype=dtype, device=device))
+        with torch.no_grad():
+            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)
+        self.dropout = nn.Dropout(dropout)
+
+    def update(self, x):  # (..., in) -> (..., out)
+        return (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale
+
+    def forward(self, x):
+        return self.update(x)
+
+
+class LoRALinear(LoRAPair):
     """``base`` (an nn.Linear, frozen; with or without a bias) plus the low-rank update ``(alpha / r) B A``.
 
     It reads like the Linear it adapts: ``weight`` is the effective (out, in) matrix W + (alpha / r) B A
@@ -33,15 +54,11 @@ class LoRALinear(nn.Module):
     analysis of W_Q -- sees what this layer computes (dropout on the LoRA branch acts in training only)."""
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
-        super().__init__()
-        self.base = base
         for p in base.parameters():
             p.requires_grad_(False)
-        self.r, self.scale = r, alpha / r
-        self.lora_A = nn.Parameter(torch.empty(r, base.in_features, dtype=base.weight.dtype, device=base.weight.device))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, dtype=base.weight.dtype, device=base.weight.device))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.dropout = nn.Dropout(dropout)
+        super().__init__(base.in_features, base.out_features, r, alpha, dropout, dtype=base.weight.dtype,
+                         device=base.weight.device)
+        self.base = base
 
     @property
     def in_features(self) -> int:
@@ -60,7 +77,7 @@ class LoRALinear(nn.Module):
         return self.base.bias
 
     def forward(self, x):  # (..., in)
-        return self.base(x) + (self.dropout(x) @ self.lora_A.T @ self.lora_B.T) * self.scale  # (..., out)
+        return self.base(x) + self.update(x)  # (..., out)
 
     def merged(self) -> nn.Linear:
         """A plain nn.Linear computing the same function: W + (alpha / r) B A (no bias if the base has none)."""
