@@ -257,6 +257,18 @@ def part_run(args, work, results):
     plot_run(log, ROOT / "docs" / "img" / f"{args.name}_run.png", args.geometry)
 
 
+def training_minutes(run: dict) -> float:
+    """Minutes the run trained, from its log (each record's window of steps x batch tokens at its tokens/s):
+    a run stopped and resumed counts every part, not the last call's wall time."""
+    rows, length = (int(x) for x in run["batch"].split(" x "))
+    seconds, previous = 0.0, 0
+    for record in run["log"]:
+        if record.get("tokens_per_second"):
+            seconds += (record["step"] - previous) * rows * length / record["tokens_per_second"]
+            previous = record["step"]
+    return seconds / 60
+
+
 def part_stopped(args, work, results):
     """Runs of this bench that were stopped before their end (no pretrain.json): their settings (from the
     newest checkpoint and the folder's name) and last held-out evaluation, beside the finished run's at the
@@ -440,7 +452,8 @@ def markdown(results: dict) -> str:
         evals = [x for x in r["log"] if "eval_loss" in x]
         last = evals[-1] if evals else {}
         out += [f"## BERT-{r['geometry']} from scratch", "",
-                f"{r['steps']} steps of {r['batch']} ({r['seconds'] / 60:.0f} minutes), peak learning rate "
+                f"{r['steps']} steps of {r['batch']} (about {training_minutes(r):.0f} minutes of training, from the "
+                f"logged tokens/s, stops and resumes summed), peak learning rate "
                 f"{r.get('lr', 5e-4):g}, dropout {0.1 if r.get('dropout') is None else r['dropout']:g}"
                 f"{', bf16 autocast' if r.get('bf16') else ', fp32'}: held-out masked-LM loss "
                 f"{last.get('eval_loss', float('nan')):.3f} (perplexity {last.get('perplexity', float('nan')):.1f}), masked-token "
@@ -487,6 +500,19 @@ def markdown(results: dict) -> str:
         for name, r in d["rows"].items():
             out.append(f"| {name} | {', '.join(f'{a:.3f}' for a in r['upos_accuracy'])} | "
                        f"{max(r['upos_selectivity']):.3f} | {r['trec_accuracy']:.3f} |")
+        rows = d["rows"]
+        if {"pre-trained", "random init"} <= set(rows):
+            pre, rnd = rows["pre-trained"], rows["random init"]
+            upos = max(pre["upos_accuracy"]) - max(rnd["upos_accuracy"])
+            trec = pre["trec_accuracy"] - rnd["trec_accuracy"]
+            out += ["", f"Read: the probe finds {100 * upos:+.1f} points of parts of speech in the pre-trained model's best "
+                    f"layer over random init's (selectivity {max(pre['upos_selectivity']):.3f} against "
+                    f"{max(rnd['upos_selectivity']):.3f}); TREC-6 fine-tuning moves {100 * trec:+.1f} points "
+                    f"(per epoch: pre-trained {', '.join(f'{a:.3f}' for a in pre['trec_epochs'])}; random init "
+                    f"{', '.join(f'{a:.3f}' for a in rnd['trec_epochs'])}). "
+                    + ("The goal -- pre-training beats random init downstream by a clear margin -- is not met: "
+                       "a model still near the unigram plateau (held-out loss above 6) has learnt little that "
+                       "fine-tuning can use; one seed each." if trec < 0.02 else "One seed each.")]
         out.append("")
     if "continued" in results:
         c = results["continued"]
