@@ -107,9 +107,72 @@ def test_the_cli_runs_a_study_and_draws_it(files, minilm_dir, tmp_path, capsys):
     runs = json.loads((out / "study.json").read_text())["runs"]
     assert set(runs) == {"L1-compute-seed0", "L2-compute-seed0"} and all(0 <= r["task_accuracy"] <= 1 for r in runs.values())
     assert runs["L1-compute-seed0"]["steps"] >= runs["L2-compute-seed0"]["steps"] == 3  # the reference (--quick: 2)
+    line = cli_error(capsys, "depth-study", "--corpus", str(files / "train.txt"), "--vocab", str(minilm_dir),
+                     "--eval-texts", str(files / "held.txt"), "--out", str(out), "--quick", "--depths", "1,2", "--hidden",
+                     "32", "--intermediate", "64", "--steps", "3", "--seeds", "0", "--budgets", "compute",
+                     "--batch-size", "4", "--max-length", "16", "--cut-vs-grown", "--quiet")
+    assert "cut vs grown needs the equal-steps budget and two or more depths" in line
     with pytest.raises(SystemExit):  # argparse's own error, with the usage
         main(["depth-study", "--corpus", "x", "--vocab", "v", "--eval-texts", "h", "--out", "o", "--depths", "1,b"])
     assert "argument --depths: '1,b': give integers separated by commas" in capsys.readouterr().err
     line = cli_error(capsys, "depth-study", "--corpus", str(files / "train.txt"), "--vocab", str(minilm_dir),
                      "--eval-texts", str(files / "held.txt"), "--out", str(tmp_path / "o"), "--quick", "--hidden", "33")
     assert "hidden=33 is not divisible by heads=2" in line
+
+
+def test_cut_vs_grown_compares_the_deepest_model_cut_with_grown_and_distilled_ones(files, minilm_dir, tmp_path):
+    import torch
+
+    from minibert.models.pretraining import BertForMaskedLM
+    from minibert.tokenizer import BertTokenizer
+    from minibert.training.depth_study import cut_vs_grown, plot_study
+    from minibert.training.pipelines.pretrain import held_examples
+    from minibert.training.pretrain import evaluate
+
+    out = tmp_path / "study"
+    config = DepthStudyConfig(**{**TINY.__dict__, "depths": (1, 3)})
+    with pytest.raises(InputError, match="run the depth study first"):
+        cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt", log=None)
+    results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=config,
+                        conllu=POS_SAMPLE, log=None)
+    entry = cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt",
+                         conllu=POS_SAMPLE, task_train=files / "task_train.csv", task_eval=files / "task_eval.csv",
+                         log=None)
+    assert entry["teacher"] == "L3-steps-seed0" and set(entry["depths"]) == {"1"}
+    arms = entry["depths"]["1"]
+    assert set(arms) == {"cut", "grown", "distilled"}
+    grown = results["runs"]["L1-steps-seed0"]
+    assert arms["grown"]["eval_loss"] == grown["eval_loss"] and arms["grown"]["probe_accuracy"] == grown["probe_accuracy"]
+    assert 0 <= arms["cut"]["task_accuracy"] <= 1 and 0 <= arms["distilled"]["task_accuracy"] <= 1
+
+    # every model is measured on the same held-out examples and masks, whatever its seed
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    held = held_examples(files / "held.txt", tokenizer, tmp_path / "eval-store", max_length=config.max_length)
+    count = min(config.eval_examples, held.per_epoch)
+    for name in ("L1-steps-seed0", "L1-steps-seed1"):
+        again = evaluate(BertForMaskedLM.from_pretrained(out / "runs" / name), held, count)
+        assert again["eval_loss"] == pytest.approx(results["runs"][name]["eval_loss"], rel=1e-6)
+    # the cut model is the deepest one's first block under its head: its states are the deep model's first two
+    deep = BertForMaskedLM.from_pretrained(out / "runs" / "L3-steps-seed0").eval()
+    cut = BertForMaskedLM.from_pretrained(out / "cut" / "L1").eval()
+    ids = held.batch(range(2))["input_ids"]
+    with torch.no_grad():
+        states, cut_states = deep.bert(ids).hidden_states, cut.bert(ids).hidden_states
+    assert len(cut_states) == 2 and all(torch.equal(a, b) for a, b in zip(cut_states, states[:2]))
+    assert arms["cut"]["eval_loss"] == pytest.approx(evaluate(cut, held, count)["eval_loss"], rel=1e-6)
+    assert arms["cut"]["probe_accuracy"] == pytest.approx(results["runs"]["L3-steps-seed0"]["probe_accuracy"][:2])
+    distilled = BertForMaskedLM.from_pretrained(out / "distilled" / "L1")
+    grown_model = BertForMaskedLM.from_pretrained(out / "runs" / "L1-steps-seed0")
+    assert not torch.equal(distilled.bert.embeddings.word.weight,
+                           grown_model.bert.embeddings.word.weight)
+    assert arms["distilled"]["eval_loss"] != grown["eval_loss"]
+
+    stamp = (out / "distilled" / "L1" / "model.safetensors").stat().st_mtime_ns
+    again = cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt",
+                         conllu=POS_SAMPLE, task_train=files / "task_train.csv", task_eval=files / "task_eval.csv",
+                         log=None)
+    assert again == entry and (out / "distilled" / "L1" / "model.safetensors").stat().st_mtime_ns == stamp
+    with pytest.raises(InputError, match="temperature 2.0"):
+        cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt", temperature=3.0,
+                     log=None)
+    assert (out / "study_cut.png") in plot_study(json.loads((out / "study.json").read_text()), out, name="study")

@@ -3,6 +3,7 @@ the full MiniLM runs are in benchmarks/bench_distill.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -662,3 +663,36 @@ def test_exit_speeds_are_warmed_up_alternating_medians_with_their_spread(tiny_te
     assert "speed-up vs full model (quartiles)" in depth.curve_table(rows)
     with pytest.raises(InputError, match="rounds must be a positive integer"):
         depth.exit_curve(ee, tok, texts, labels, rounds=0)
+
+
+def test_masked_lm_distillation_mixes_the_soft_and_hard_losses_at_the_masked_tokens():
+    from minibert.config import BertConfig
+    from minibert.models.pretraining import BertForMaskedLM
+
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    teacher = BertForMaskedLM.from_config(config, seed=1)
+    student = BertForMaskedLM.from_config(dataclasses.replace(config, num_hidden_layers=1), seed=2)
+    distiller = distill.MaskedLMDistiller(teacher, student, temperature=3.0, alpha=0.25).train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 120, (3, 10), generator=g)
+    labels = torch.full_like(ids, -100)
+    labels[:, [2, 5]] = ids[:, [2, 5]]
+    out = distiller(ids, torch.ones_like(ids), labels=labels)
+    t, s = teacher(ids, labels=labels), student(ids, labels=labels)
+    assert out.masked_logits.shape == (6, 120)  # the masked tokens only
+    soft = distill.soft_target_loss(s.masked_logits, t.masked_logits, 3.0)
+    assert float(out.mlm_loss.detach()) == pytest.approx(float((0.25 * soft + 0.75 * s.mlm_loss).detach()), rel=1e-6)
+    out.mlm_loss.backward()
+    assert teacher.bert.embeddings.word.weight.grad is None  # the teacher only answers
+    assert {n for n, _ in distiller.named_parameters()} == {n for n, _ in student.named_parameters()}
+    distiller.eval()
+    assert float(distiller(ids, labels=labels).mlm_loss.detach()) == pytest.approx(float(s.mlm_loss.detach()), rel=1e-6)  # the student
+    assert not teacher.training
+    with pytest.raises(InputError, match="the teacher must be a BertForMaskedLM"):
+        distill.MaskedLMDistiller(teacher.bert, student)
+    other = BertForMaskedLM.from_config(dataclasses.replace(config, vocab_size=99))
+    with pytest.raises(InputError, match="teacher vocabulary 120 words, student 99"):
+        distill.MaskedLMDistiller(teacher, other)
+    with pytest.raises(InputError, match="alpha"):
+        distill.MaskedLMDistiller(teacher, student, alpha=1.5)

@@ -365,6 +365,14 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
     assert main(["fill", "The bank raised its [MASK] rates.", "--model", str(tmp_path / "run"), "--top-k", "3"]) == 0
     filled = capsys.readouterr().out
     assert "[MASK] #1:" in filled and filled.count(",") >= 2  # the top 3 candidates from the new head
+    student = ["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "student"), "--layers", "1",
+               "--hidden", "128", "--heads", "2", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "3",
+               "--batch-size", "8", "--teacher", str(tmp_path / "run"), "--alpha", "0.7", "--quiet"]
+    assert main(student) == 0 and "pre-trained 3 steps" in capsys.readouterr().out  # distilled from the tiny run
+    saved = BertForMaskedLM.from_pretrained(tmp_path / "student")
+    assert saved.config.num_hidden_layers == 1 and not any(k.startswith("teacher") for k in saved.state_dict())
+    assert "leave out --nsp" in cli_error(capsys, *student[:4], str(tmp_path / "s2"), *student[5:], "--nsp")
+    assert not (tmp_path / "s2").exists()  # refused before any work
     base = ["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "bad"), "--steps", "2", "--quiet"]
     for extra, message in ((["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", str(minilm_dir)],
                             "--hidden 100 is not divisible by --heads 3"),

@@ -255,3 +255,32 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
         ax.set_title("Where each depth keeps the probed labels", fontsize=10)
         written.append(_save(fig, folder / f"{name}_probes.png"))
     return written
+
+
+def cut_vs_grown_figure(entry: dict, teacher: dict, path) -> Path:
+    """``training.depth_study.cut_vs_grown``'s comparison: held-out masked-LM loss (left) and the fine-tuned
+    task's accuracy, or the best probe layer's without a task (right), of the cut, grown and distilled
+    k-block models against k; the deepest model (``teacher``, its study run) as a dashed line."""
+    plt = _pyplot()
+    depths = sorted(int(k) for k in entry["depths"])
+    first = entry["depths"][str(depths[0])]["grown"]
+    key, label = (("task_accuracy", "fine-tuned task accuracy") if "task_accuracy" in first else
+                  ("probe_best", "best probe layer's accuracy"))
+
+    def value(measures, key):
+        return max(measures["probe_accuracy"]) if key == "probe_best" else measures[key]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (k, said) in zip(axes, (("eval_loss", "held-out masked-LM loss"), (key, label))):
+        if k == "probe_best" and "probe_accuracy" not in first:
+            ax.set_axis_off()
+            continue
+        for arm, style in (("cut", "v-"), ("grown", "o-"), ("distilled", "s-")):
+            ax.plot(depths, [value(entry["depths"][str(d)][arm], k) for d in depths], style, label=arm)
+        ax.axhline(value(teacher, k), color="gray", linestyle="--", label=f"{entry['teacher']} (all blocks)")
+        ax.set_xlabel("blocks kept or trained")
+        ax.set_ylabel(said)
+        ax.set_xticks(depths)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Cut from the deepest model, grown from scratch, or distilled from it", fontsize=10)
+    return _save(fig, Path(path))

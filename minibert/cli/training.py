@@ -362,6 +362,11 @@ def add_pretrain(sub) -> None:
     run.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
     run.add_argument("--dropout", type=non_negative_float, help="every dropout at this probability while training "
                      "(default: the model's, 0.1 from scratch; 0 turns it off)")
+    run.add_argument("--teacher", help="a masked-LM folder to distil from while pre-training (DistilBERT: its soft "
+                     "predictions at the masked tokens, weight --alpha, temperature --temperature)")
+    run.add_argument("--temperature", type=positive_float, default=2.0, help="with --teacher (default 2)")
+    run.add_argument("--alpha", type=non_negative_float, default=0.5, help="with --teacher: the soft term's weight, "
+                     "1 - alpha the masked-LM loss's (default 0.5)")
     p.set_defaults(func=cmd_pretrain)
 
 
@@ -383,7 +388,8 @@ def cmd_pretrain(args) -> int:
                               hidden=args.hidden, heads=args.heads, intermediate=args.intermediate, vocab=args.vocab,
                               max_length=args.max_length, nsp=args.nsp, whole_word=args.whole_word, mask=args.mask,
                               config=config, eval_texts=args.eval_texts, mix=args.mix, dropout=args.dropout,
-                              resume=args.resume, log=log)
+                              resume=args.resume, teacher=args.teacher, temperature=args.temperature, alpha=args.alpha,
+                              log=log)
     described = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
     print(f"pre-trained {summary['steps']} steps ({described}); wrote {args.out}: the model, its tokenizer, "
           "checkpoints/, log.jsonl")
@@ -432,13 +438,16 @@ def add_depth_study(sub) -> None:
     g.add_argument("--bf16", action="store_true", help="bf16 autocast while pre-training")
     g.add_argument("--snapshots", type=positive_int, help="every run keeps this many log-spaced snapshots "
                    "(minibert probe-over-time)")
+    p.add_argument("--cut-vs-grown", action="store_true", help="then, for each smaller depth k: the deepest model cut "
+                   "to k blocks, the k-block model grown from scratch, and one distilled from the deepest (same "
+                   "tokens), measured alike")
     p.set_defaults(func=cmd_depth_study)
 
 
 def cmd_depth_study(args) -> int:
     import dataclasses
 
-    from ..training.depth_study import QUICK, DepthStudyConfig, plot_study, run_study, summary_rows
+    from ..training.depth_study import ARMS, QUICK, DepthStudyConfig, cut_vs_grown, plot_study, run_study, summary_rows
 
     config = QUICK if args.quick else DepthStudyConfig()
     changes = {k: getattr(args, k) for k in ("depths", "hidden", "heads", "intermediate", "steps", "reference_depth",
@@ -463,6 +472,18 @@ def cmd_depth_study(args) -> int:
         print(f"{r['depth']:>6}  {r['budget']:>7}  {r['seeds']:>5}  {r['steps']:>6}  {r['eval_loss']:>13.3f}  "
               f"{r['masked_accuracy']:>8.3f}  {r.get('probe_best', float('nan')):>6.3f}  "
               f"{r.get('task_accuracy', float('nan')):>6.3f}")
+    if args.cut_vs_grown:
+        entry = cut_vs_grown(args.out, args.corpus, vocab=args.vocab, eval_texts=args.eval_texts, conllu=args.conllu,
+                             task_train=args.task_train, task_eval=args.task_eval, log=log)
+        results["cut_vs_grown"] = entry
+        print(f"\ncut from {entry['teacher']}, grown from scratch, distilled from it (same tokens):")
+        print(f"{'blocks':>6}  {'model':>9}  {'held-out loss':>13}  {'accuracy':>8}  {'probe':>6}  {'task':>6}")
+        for k, arms in sorted(entry["depths"].items(), key=lambda kv: int(kv[0])):
+            for arm in ARMS:
+                m = arms[arm]
+                probe = max(m["probe_accuracy"]) if "probe_accuracy" in m else float("nan")
+                print(f"{k:>6}  {arm:>9}  {m['eval_loss']:>13.3f}  {m['masked_accuracy']:>8.3f}  {probe:>6.3f}  "
+                      f"{m.get('task_accuracy', float('nan')):>6.3f}")
     try:
         figures = plot_study(results, args.out)
     except MissingExtra as e:

@@ -21,6 +21,10 @@ Every run lives in its own folder under ``out_dir/runs`` (a normal ``minibert pr
 share one token store, and ``study.json`` is rewritten after each run: a study that is stopped picks up
 at the first run without a finished model. ``plot_study`` draws loss vs depth for both budgets,
 downstream vs depth and the probe curves of all depths on one plot.
+
+``cut_vs_grown`` then asks whether the deepest model's lower blocks already are a shallower model: for
+each smaller depth k, the deepest model cut to k blocks, against the k-block model grown from scratch on
+the same tokens and one distilled from the deepest (DistilBERT's pre-training objective).
 """
 
 from __future__ import annotations
@@ -172,7 +176,7 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
 
 
 def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, config: DepthStudyConfig,
-                  log) -> dict:
+                  log, teacher=None) -> dict:
     from .pipelines.pretrain import run_pretraining
     from .pretrain import PretrainConfig
 
@@ -188,7 +192,7 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
     summary = run_pretraining(files, folder, layers=run.depth, hidden=config.hidden, heads=config.heads,
                               intermediate=config.intermediate, vocab=str(vocab), max_length=config.max_length,
                               config=pconfig, eval_texts=eval_texts, dropout=config.dropout, resume=True,
-                              store=store, log=None)
+                              store=store, teacher=teacher, log=None)
     return _pretrain_measures(summary, run, config)
 
 
@@ -247,6 +251,98 @@ def _forward_times(folders: list[Path], config: DepthStudyConfig, rounds: int = 
             for name, t in times.items()}
 
 
+# ----------------------------------------------------------------------------------------- cut vs grown
+ARMS = ("cut", "grown", "distilled")
+
+
+def study_config(saved: dict) -> DepthStudyConfig:
+    """The ``DepthStudyConfig`` a ``study.json`` was written with."""
+    return DepthStudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items()})
+
+
+def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, task_train=None, task_eval=None,
+                 temperature: float = 2.0, alpha: float = 0.5, log: Callable[[str], None] | None = print) -> dict:
+    """Is the depth a deep model learnt reusable in fewer blocks? For each smaller depth k of the finished
+    study in ``out_dir`` (``run_study``; its equal-steps runs of the first seed), three k-block models:
+
+        cut        ``tools.surgery.truncate(deepest, k)``: the deepest model's first k blocks under its own
+                   masked-LM head, not trained further (its hidden states are the deepest model's first
+                   k + 1, so its probe curve is theirs)
+        grown      the study's k-block model, pre-trained from scratch on the same tokens (measured already)
+        distilled  k blocks from scratch (the grown model's initialisation), pre-trained on the same tokens
+                   and masks for the same steps against the deepest model's soft predictions at the masked
+                   tokens (``distill.MaskedLMDistiller``, ``temperature``, ``alpha``)
+
+    each measured as the study measures a run: held-out masked-LM loss and accuracy on the same examples
+    and masks, parameters, probe per layer (``conllu``), task accuracy (``task_train`` / ``task_eval``).
+    Kept in ``study.json`` under "cut_vs_grown" (a stopped comparison picks up at the first depth not
+    finished); returns that entry: {"teacher": run name, "depths": {"k": {arm: measures}}}."""
+    from ..loading import copy_tokenizer
+    from ..models.pretraining import BertForMaskedLM
+    from ..textfiles import read_conllu
+    from ..tokenizer import BertTokenizer
+    from ..tools.surgery import truncate
+    from .pipelines.pretrain import held_examples
+    from .pretrain import evaluate
+    from .pretrain_data import corpus_files
+
+    out_dir = Path(out_dir)
+    path = out_dir / "study.json"
+    if not path.exists():
+        raise InputError(f"{path} does not exist: run the depth study first (run_study / minibert depth-study)")
+    if (task_train is None) != (task_eval is None):
+        raise InputError("give both task_train and task_eval (a classification task's files), or neither")
+    results = json.loads(path.read_text(encoding="utf-8"))
+    config = study_config(results)
+    if "steps" not in config.budgets or len(config.depths) < 2:
+        raise InputError(f"{path}: cut vs grown needs the equal-steps budget and two or more depths (the study has "
+                         f"budgets {config.budgets}, depths {config.depths})")
+    seed, deepest = config.seeds[0], max(config.depths)
+    runs = {d: StudyRun(d, "steps", seed, config.steps, 0) for d in config.depths}
+    missing = [r.name for r in runs.values() if r.name not in results["runs"]]
+    if missing:
+        raise InputError(f"{path}: the study has not finished {', '.join(missing)}: run it to the end first")
+    tokenizer = BertTokenizer.from_pretrained(vocab)
+    probe_data = read_conllu(conllu)[: config.probe_sentences] if conllu is not None else None
+    held = held_examples(eval_texts, tokenizer, out_dir / "eval-store", max_length=config.max_length)
+    count = min(config.eval_examples, held.per_epoch)
+    teacher_folder = out_dir / "runs" / runs[deepest].name
+    teacher = BertForMaskedLM.from_pretrained(teacher_folder)
+    entry = results.setdefault("cut_vs_grown", {"teacher": runs[deepest].name, "temperature": temperature,
+                                                "alpha": alpha, "depths": {}})
+    if (entry["temperature"], entry["alpha"]) != (temperature, alpha):
+        raise InputError(f"{path} holds a comparison distilled at temperature {entry['temperature']}, alpha "
+                         f"{entry['alpha']}: give the same, or another study folder")
+    files = corpus_files(corpus)
+    for sub in ("cut", "distilled", "tasks-cut", "tasks-distilled"):
+        (out_dir / sub).mkdir(exist_ok=True)
+    for k in sorted(d for d in config.depths if d < deepest):
+        if str(k) in entry["depths"]:
+            continue
+        grown = results["runs"][runs[k].name]
+        arms = {"grown": {key: grown[key] for key in grown if key not in asdict(runs[k])}}
+        folder = out_dir / "cut" / f"L{k}"
+        cut = truncate(teacher, k)
+        cut.save_pretrained(folder)
+        copy_tokenizer(vocab, folder)
+        measured = evaluate(cut, held, count)
+        arms["cut"] = {"eval_loss": measured["eval_loss"], "perplexity": measured["perplexity"],
+                       "masked_accuracy": measured["masked_accuracy"], "tokens": 0}
+        arms["cut"].update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval, out_dir / "tasks-cut",
+                                      None))
+        if log is not None:
+            log(f"cut L{deepest} -> {k}: held-out loss {arms['cut']['eval_loss']:.3f} (grown {grown['eval_loss']:.3f}); "
+                f"distilling {config.steps} steps")
+        folder = out_dir / "distilled" / f"L{k}"
+        arms["distilled"] = _pretrain_one(runs[k], folder, files, out_dir / "store", vocab, eval_texts, config, log,
+                                          teacher=teacher)
+        arms["distilled"].update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval,
+                                          out_dir / "tasks-distilled", log))
+        entry["depths"][str(k)] = {arm: arms[arm] for arm in ARMS}
+        write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+    return entry
+
+
 # ---------------------------------------------------------------------------------------------- figures
 def summary_rows(results: dict) -> list[dict]:
     """One row per (depth, budget): the mean over seeds of each measure, with the seeds' spread."""
@@ -270,7 +366,14 @@ def summary_rows(results: dict) -> list[dict]:
 
 def plot_study(results: dict, folder, name: str = "depth") -> list[Path]:
     """The study's figures in ``folder`` (``analysis.plots.depth_study_figures``): loss vs depth for both
-    budgets, downstream vs depth, every depth's probe curve. Returns the files written."""
+    budgets, downstream vs depth, every depth's probe curve; and ``{name}_cut.png`` when the study has a
+    cut-vs-grown comparison (``cut_vs_grown``). Returns the files written."""
     from ..analysis.plots import depth_study_figures
 
-    return depth_study_figures(summary_rows(results), list(results["runs"].values()), folder, name)
+    written = depth_study_figures(summary_rows(results), list(results["runs"].values()), folder, name)
+    entry = results.get("cut_vs_grown")
+    if entry and entry["depths"]:
+        from ..analysis.plots import cut_vs_grown_figure
+
+        written.append(cut_vs_grown_figure(entry, results["runs"][entry["teacher"]], Path(folder) / f"{name}_cut.png"))
+    return written

