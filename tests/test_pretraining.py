@@ -372,6 +372,7 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
     saved = BertForMaskedLM.from_pretrained(tmp_path / "student")
     assert saved.config.num_hidden_layers == 1 and not any(k.startswith("teacher") for k in saved.state_dict())
     assert "leave out --nsp" in cli_error(capsys, *student[:4], str(tmp_path / "s2"), *student[5:], "--nsp")
+    assert "--alpha" in cli_error(capsys, *student[:4], str(tmp_path / "s2"), *student[5:-3], "--alpha", "1.5", "--quiet")
     assert not (tmp_path / "s2").exists()  # refused before any work
     base = ["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "bad"), "--steps", "2", "--quiet"]
     for extra, message in ((["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", str(minilm_dir)],

@@ -78,8 +78,12 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     check_fraction("--mask", mask)
     if not 0 < mask:
         raise InputError("--mask must be more than 0: a masked-LM needs masked tokens")
-    if teacher is not None and nsp:
-        raise InputError("a teacher distils the masked-LM predictions only: leave out --nsp")
+    if teacher is not None:
+        if nsp:
+            raise InputError("a teacher distils the masked-LM predictions only: leave out --nsp")
+        check_fraction("--alpha", alpha, closed=True)
+        if not temperature > 0:
+            raise InputError(f"--temperature {temperature!r} must be > 0")
     files = corpus_files(corpus)
     cls = BertForPreTraining if nsp else BertForMaskedLM
     scratch = model is None
@@ -98,6 +102,10 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     if scratch and max_length > bert_config.max_position_embeddings:
         raise InputError(f"--max-length {max_length} is more than the model's {bert_config.max_position_embeddings} "
                          "positions")
+    if teacher is not None:  # before any work: the teacher loads and predicts this vocabulary's words
+        if not isinstance(teacher, BertForMaskedLM):
+            teacher = BertForMaskedLM.from_pretrained(teacher)
+        tokenizer.check_fits(teacher.config, "the teacher")
     rule = MaskingRule(probability=mask, whole_word=whole_word)
     store = _store(files, tokenizer, out_dir / "store" if store is None else Path(store), config.progress, log)
     examples = Examples(store, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=config.seed)
@@ -132,8 +140,6 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     if teacher is not None:
         from ..distill import MaskedLMDistiller
 
-        if not isinstance(teacher, BertForMaskedLM):
-            teacher = BertForMaskedLM.from_pretrained(teacher)
         trained = MaskedLMDistiller(teacher, net, temperature=temperature, alpha=alpha)
     if log is not None:
         steps = config.total_steps(max_length)
