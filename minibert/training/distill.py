@@ -8,8 +8,10 @@ default, as DistilBERT), its pooler and head, copied -- and then trained to matc
              + similarity_weight * MSE(cos_s(i, j), cos_t(i, j))                 every pair i < j in the batch
     task (Hinton et al. 2015; DistilBERT), on labelled data, from a fine-tuned teacher:
         loss = alpha * T^2 * KL(softmax(z_t / T) || softmax(z_s / T)) + (1 - alpha) * CE(z_s, y)
+    masked LM (DistilBERT's pre-training), while pre-training (``MaskedLMDistiller``, ``pretrain --teacher``):
+        the same, over the masked tokens' word distributions
 
-and, in either mode, optional terms on the inside of the stack (TinyBERT, MiniLM), through a layer map
+and, in the first two modes, optional terms on the inside of the stack (TinyBERT, MiniLM), through a layer map
 ``{student hidden state i: teacher hidden state j}`` (0 = the embedding output; by default the uniform
 map i -> i * N / M of TinyBERT, the student's last state on the teacher's last):
 
