@@ -176,3 +176,17 @@ def test_cut_vs_grown_compares_the_deepest_model_cut_with_grown_and_distilled_on
         cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt", temperature=3.0,
                      log=None)
     assert (out / "study_cut.png") in plot_study(json.loads((out / "study.json").read_text()), out, name="study")
+
+
+def test_the_reference_depths_equal_compute_run_is_its_equal_steps_run_measured_once(files, minilm_dir, tmp_path):
+    out = tmp_path / "study"
+    config = DepthStudyConfig(**{**TINY.__dict__, "budgets": ("steps", "compute"), "seeds": (0,)})
+    results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=config,
+                        log=None)
+    steps, compute = results["runs"]["L2-steps-seed0"], results["runs"]["L2-compute-seed0"]
+    assert compute["steps"] == steps["steps"] == 4 and compute["budget"] == "compute"
+    assert {k: v for k, v in compute.items() if k != "budget"} == {k: v for k, v in steps.items() if k != "budget"}
+    assert not (out / "runs" / "L2-compute-seed0").exists()  # not trained a second time
+    for depth in (1, 2):  # a compute run is trained when, and only when, its steps differ from the steps run's
+        differs = results["runs"][f"L{depth}-compute-seed0"]["steps"] != results["runs"][f"L{depth}-steps-seed0"]["steps"]
+        assert (out / "runs" / f"L{depth}-compute-seed0").exists() == differs

@@ -161,6 +161,11 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     for k, run in enumerate(runs):
         if run.name in results["runs"]:
             continue
+        twin = next((r for r in runs[:k] if (r.depth, r.steps, r.seed) == (run.depth, run.steps, run.seed)), None)
+        if twin is not None:  # equal compute at the reference depth is equal steps: the same run, measured once
+            results["runs"][run.name] = {**results["runs"][twin.name], **asdict(run)}
+            write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+            continue
         if log is not None:
             log(f"[{k + 1}/{len(runs)}] {run.name}: {run.steps} steps ({run.flops / 1e12:.2f} TFLOP)")
         folder = out_dir / "runs" / run.name
