@@ -447,7 +447,8 @@ def add_depth_study(sub) -> None:
 def cmd_depth_study(args) -> int:
     import dataclasses
 
-    from ..training.depth_study import ARMS, QUICK, DepthStudyConfig, cut_vs_grown, plot_study, run_study, summary_rows
+    from ..training.depth_study import (ARMS, QUICK, DepthStudyConfig, best_probe, cut_vs_grown, plot_study, run_study,
+                                        summary_rows)
 
     config = QUICK if args.quick else DepthStudyConfig()
     changes = {k: getattr(args, k) for k in ("depths", "hidden", "heads", "intermediate", "steps", "reference_depth",
@@ -481,8 +482,7 @@ def cmd_depth_study(args) -> int:
         for k, arms in sorted(entry["depths"].items(), key=lambda kv: int(kv[0])):
             for arm in ARMS:
                 m = arms[arm]
-                probe = max(m["probe_accuracy"]) if "probe_accuracy" in m else float("nan")
-                print(f"{k:>6}  {arm:>9}  {m['eval_loss']:>13.3f}  {m['masked_accuracy']:>8.3f}  {probe:>6.3f}  "
+                print(f"{k:>6}  {arm:>9}  {m['eval_loss']:>13.3f}  {m['masked_accuracy']:>8.3f}  {best_probe(m):>6.3f}  "
                       f"{m.get('task_accuracy', float('nan')):>6.3f}")
     try:
         figures = plot_study(results, args.out)

@@ -202,8 +202,19 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
 
 
 def _pretrain_measures(summary: dict, run: StudyRun, config: DepthStudyConfig) -> dict:
-    return {"eval_loss": summary["eval_loss"], "perplexity": summary["perplexity"],
-            "masked_accuracy": summary["masked_accuracy"], "tokens": run.steps * config.batch_size * config.max_length}
+    return _loss_measures(summary, tokens=run.steps * config.batch_size * config.max_length)
+
+
+def _loss_measures(evaluated: dict, tokens: int) -> dict:
+    """The held-out masked-LM measures of a model (``pretrain.evaluate``'s or a run summary's) and the tokens
+    it was trained on."""
+    return {"eval_loss": evaluated["eval_loss"], "perplexity": evaluated["perplexity"],
+            "masked_accuracy": evaluated["masked_accuracy"], "tokens": tokens}
+
+
+def best_probe(measures: dict) -> float:
+    """The best layer's probe accuracy of a measured model; nan when it was not probed (no CoNLL-U file)."""
+    return max(measures["probe_accuracy"]) if "probe_accuracy" in measures else float("nan")
 
 
 def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task_train, task_eval, work: Path,
@@ -330,9 +341,7 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
         cut = truncate(teacher, k)
         cut.save_pretrained(folder)
         copy_tokenizer(vocab, folder)
-        measured = evaluate(cut, held, count)
-        arms["cut"] = {"eval_loss": measured["eval_loss"], "perplexity": measured["perplexity"],
-                       "masked_accuracy": measured["masked_accuracy"], "tokens": 0}
+        arms["cut"] = _loss_measures(evaluate(cut, held, count), tokens=0)
         arms["cut"].update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval, out_dir / "tasks-cut",
                                       None))
         if log is not None:
@@ -364,7 +373,7 @@ def summary_rows(results: dict) -> list[dict]:
         if "task_accuracy" in runs[0]:
             row["task_accuracy"] = statistics.mean(r["task_accuracy"] for r in runs)
         if "probe_accuracy" in runs[0]:
-            row["probe_best"] = statistics.mean(max(r["probe_accuracy"]) for r in runs)
+            row["probe_best"] = statistics.mean(best_probe(r) for r in runs)
         rows.append(row)
     return rows
 
