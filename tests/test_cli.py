@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import minibert.cli
-from conftest import POS_SAMPLE, ROOT, cli_error, run_cli
+from conftest import POS_SAMPLE, ROOT, cli_error, cli_in_process
 from minibert import BertConfig, BertModel, BertTokenizer, InputError
 from minibert.cli import main
 
@@ -65,24 +65,24 @@ def test_broken_pipe_ends_quietly(minilm_dir):
     assert code == 141
 
 
-def test_truncation_is_said_and_max_length_sets_it(minilm_dir, tmp_path):
+def test_truncation_is_said_and_max_length_sets_it(minilm_dir, tmp_path, capsys):
     long_text = " ".join(["word"] * 600)
-    r = run_cli("encode", long_text, "short", "--model", str(minilm_dir))
+    r = cli_in_process(capsys, "encode", long_text, "short", "--model", str(minilm_dir))
     assert r.returncode == 0, r.stderr
     assert "1 of 2 texts had more than 512 tokens and were truncated" in r.stderr
-    r = run_cli("encode", "one two three four five six", "short", "--model", str(minilm_dir), "--max-length", "5")
+    r = cli_in_process(capsys, "encode", "one two three four five six", "short", "--model", str(minilm_dir), "--max-length", "5")
     assert "1 of 2 texts had more than 5 tokens" in r.stderr and "texts 1)" in r.stderr
-    r = run_cli("encode", "x", "--model", str(minilm_dir), "--max-length", "513")
+    r = cli_in_process(capsys, "encode", "x", "--model", str(minilm_dir), "--max-length", "513")
     assert r.returncode == 2 and "--max-length=513 is out of range: it must be an int in [3, 512]" in r.stderr
-    r = run_cli("layers", long_text, "--model", str(minilm_dir))
+    r = cli_in_process(capsys, "layers", long_text, "--model", str(minilm_dir))
     assert r.returncode == 0 and "1 of 1 texts had more than 512 tokens" in r.stderr
     lines = tmp_path / "texts.txt"
     lines.write_text(f"short\n{long_text}\nalso short\n{long_text}\n", encoding="utf-8")
-    r = run_cli("embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet")
+    r = cli_in_process(capsys, "embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet")
     assert r.returncode == 0, r.stderr
     # MiniLM's folder says max_seq_length 256 (sentence_bert_config.json), which embed follows (issue 15)
     assert "2 of 4 lines had more than 256 tokens" in r.stderr and "lines 2, 4)" in r.stderr
-    r = run_cli("embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet",
+    r = cli_in_process(capsys, "embed", str(lines), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet",
                 "--ignore-folder-settings")
     assert r.returncode == 0 and "2 of 4 lines had more than 512 tokens" in r.stderr
 
@@ -113,19 +113,19 @@ def test_fill_top_k_is_bounded_by_the_vocabulary(mlm_dir, capsys):
     assert "--top-k 100000 is larger than the vocabulary (30522 tokens)" in line
 
 
-def test_embed_blank_lines_are_an_error_or_rows_of_zeros(minilm_dir, tmp_path):
+def test_embed_blank_lines_are_an_error_or_rows_of_zeros(minilm_dir, tmp_path, capsys):
     path = tmp_path / "texts.txt"
     path.write_text("one\n\nthree\n   \nfive\n\x01\x02\n", encoding="utf-8")  # line 6: no token at all
-    r = run_cli("embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir))
+    r = cli_in_process(capsys, "embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir))
     assert r.returncode == 2 and "line 2 is blank (and 1 more)" in r.stderr and "--blank zeros" in r.stderr
     assert not (tmp_path / "v.npy").exists()
-    r = run_cli("embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--blank",
+    r = cli_in_process(capsys, "embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--blank",
                 "zeros", "--quiet")
     assert r.returncode == 0, r.stderr
     v = np.load(tmp_path / "v.npy")
     assert v.shape == (6, 384) and not v[[1, 3, 5]].any() and v[[0, 2, 4]].any(axis=1).all()
     path.write_text("one\n\x01\x02\nthree\n", encoding="utf-8")
-    r = run_cli("embed", str(path), "--out", str(tmp_path / "w.npy"), "--model", str(minilm_dir), "--quiet")
+    r = cli_in_process(capsys, "embed", str(path), "--out", str(tmp_path / "w.npy"), "--model", str(minilm_dir), "--quiet")
     assert r.returncode == 2 and "line 2 has no token" in r.stderr
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import run_cli, transformers
+from conftest import cli_in_process, transformers
 from minibert import BertTokenizer, InputError
 from minibert.compat import ModelOutput, SentenceEncoder, TransformersBertModel
 from minibert.compat import hf as compat_hf
@@ -276,11 +276,13 @@ def test_batches_keep_order_and_budget():
         plan_batches([1], max_tokens=0)
 
 
-def test_embed_cli_follows_the_folder_and_says_so(minilm_dir, tmp_path):
+def test_embed_cli_follows_the_folder_and_says_so(minilm_dir, tmp_path, capsys):
     lines = ["a river bank", "the bank raised its rates", "word " * 300]
     path = tmp_path / "t.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run = run_cli
+
+    def run(*args):
+        return cli_in_process(capsys, *args)
     r = run("embed", str(path), "--out", str(tmp_path / "v.npy"), "--model", str(minilm_dir), "--quiet")
     assert r.returncode == 0, r.stderr
     assert "follows" in r.stderr and "max_seq_length 256, pooling mean, normalized" in r.stderr

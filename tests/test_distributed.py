@@ -4,8 +4,6 @@ encoder, every id once, failures reported by id. Skipped where Ray is not instal
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
+from conftest import cli_in_process  # noqa: E402
 from minibert import InputError  # noqa: E402
 from minibert.compat import SentenceEncoder  # noqa: E402
 from minibert.compat.ray import embed_dataset, expand_inputs, read_vectors, shard_rows  # noqa: E402
@@ -72,11 +71,11 @@ def test_ray_vectors_equal_the_single_process_encoder(local_ray, shards, minilm_
         embed_dataset([str(directory)], tmp_path / "out", model=str(minilm_dir))
 
 
-def test_embed_cli_ray_engine(local_ray, shards, minilm_dir, tmp_path):
+def test_embed_cli_ray_engine(local_ray, shards, minilm_dir, tmp_path, capsys):
+    """The command in-process, on the Ray session the fixture started (a new process would start its own)."""
     directory, texts = shards
-    r = subprocess.run([sys.executable, "-m", "minibert", "embed", str(directory / "b.txt"), str(directory / "c.jsonl"),
-                        "--engine", "ray", "--workers", "1", "--out", str(tmp_path / "v"), "--model", str(minilm_dir)],
-                       capture_output=True, text=True, timeout=600)
+    r = cli_in_process(capsys, "embed", directory / "b.txt", directory / "c.jsonl", "--engine", "ray", "--workers", "1",
+                       "--out", tmp_path / "v", "--model", minilm_dir)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "wrote" in r.stdout and "36 vectors of 36 texts" in r.stdout
     ids, _ = read_vectors(tmp_path / "v")

@@ -199,17 +199,17 @@ def test_real_data_has_the_documented_splits(real_data):
 
 
 def test_minilm_learns_trec_from_a_slice(real_data, minilm_dir, tmp_path, capsys):
-    """600 questions, 2 epochs: well above the majority baseline on 100 test questions (the full run is
-    in benchmarks/bench_finetune.py)."""
+    """300 questions, 2 epochs at lr 2e-4: well above the majority baseline on 100 test questions (0.76
+    against 0.29 on EPYC Zen 4; the full run is in benchmarks/bench_finetune.py)."""
     trec, _ = real_data
     lines = (trec / "train.csv").read_text(encoding="utf-8").splitlines()
-    (tmp_path / "train.csv").write_text("\n".join(lines[:601]) + "\n", encoding="utf-8")
+    (tmp_path / "train.csv").write_text("\n".join(lines[:301]) + "\n", encoding="utf-8")
     test_lines = (trec / "test.csv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "test.csv").write_text("\n".join(test_lines[:101]) + "\n", encoding="utf-8")
     held = read_table(tmp_path / "test.csv")
     majority = max(held.labels.count(label) for label in set(held.labels)) / len(held.labels)
     assert main(["finetune", "--train", str(tmp_path / "train.csv"), "--eval", str(tmp_path / "test.csv"),
-                 "--model", str(minilm_dir), "--out", str(tmp_path / "trec"), "--epochs", "2", "--lr", "1e-4",
+                 "--model", str(minilm_dir), "--out", str(tmp_path / "trec"), "--epochs", "2", "--lr", "2e-4",
                  "--max-length", "32", "--quiet"]) == 0
     best = json.loads((tmp_path / "trec" / "metrics.json").read_text())["best_metric"]
     assert best > majority + 0.3, (best, majority)

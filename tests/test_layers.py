@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, cli_in_process
 from minibert import BertModel, BertTokenizer
 from minibert.analysis import layers as L
 from minibert.testing import fp32_noise_floor
@@ -197,18 +197,18 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 
-def test_cli_layers_probe_embed_end_to_end(minilm_dir, tmp_path):
+def test_cli_layers_probe_embed_end_to_end(minilm_dir, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     m = str(minilm_dir)
-    r = run_cli("layers", "The bank approved the loan application.", "--model", m, "--plot", str(tmp_path / "l.png"))
+    r = cli_in_process(capsys, "layers", "The bank approved the loan application.", "--model", m, "--plot", str(tmp_path / "l.png"))
     assert r.returncode == 0, r.stderr
     assert "CKA last" in r.stdout and len([ln for ln in r.stdout.splitlines() if ln.strip()[:1].isdigit()]) == 7
-    r = run_cli("probe", str(ROOT / "tests" / "data" / "pos_sample.conllu"), "--model", m, "--plot",
+    r = cli_in_process(capsys, "probe", str(ROOT / "tests" / "data" / "pos_sample.conllu"), "--model", m, "--plot",
                 str(tmp_path / "p.png"), "--quiet")
     assert r.returncode == 0, r.stderr
     assert "majority baseline" in r.stdout and "<- best" in r.stdout
     (tmp_path / "texts.txt").write_text("first text\nsecond, a longer one\nthird\nlast\n")  # blank lines: see test_first_hour
-    r = run_cli("embed", str(tmp_path / "texts.txt"), "--model", m, "--layers", "-4:", "--pool", "mean",
+    r = cli_in_process(capsys, "embed", str(tmp_path / "texts.txt"), "--model", m, "--layers", "-4:", "--pool", "mean",
                 "--out", str(tmp_path / "v.npy"), "--quiet")
     assert r.returncode == 0, r.stderr
     v = np.load(tmp_path / "v.npy")
@@ -224,11 +224,11 @@ def test_cli_layers_probe_embed_end_to_end(minilm_dir, tmp_path):
     assert np.allclose(v[1], torch.cat(tuple(ref), -1)[0].numpy(), atol=tolerance, rtol=0)
 
 
-def test_cli_errors_are_one_line(minilm_dir, tmp_path):
+def test_cli_errors_are_one_line(minilm_dir, tmp_path, capsys):
     for args in (["probe", str(tmp_path / "missing.conllu"), "--model", str(minilm_dir)],
                  ["embed", str(tmp_path / "missing.txt"), "--model", str(minilm_dir), "--out", str(tmp_path / "x.npy")],
                  ["layers", "x", "--model", str(tmp_path / "nomodel")]):
-        r = run_cli(*args)
+        r = cli_in_process(capsys, *args)
         assert r.returncode == 2 and r.stderr.startswith("minibert: error:") and len(r.stderr.splitlines()) == 1, r.stderr
         assert "Traceback" not in r.stderr
 

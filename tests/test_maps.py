@@ -151,7 +151,10 @@ def test_plot_has_one_legend_with_counts_and_a_panel_per_layer(minilm, tmp_path,
     plt.close(fig)
 
 
-def test_map_cli(minilm_dir, tmp_path):
+def test_map_cli(minilm_dir, tmp_path, capsys):
+    """One run as a user types it (a new process); the other calls in-process (no torch import each)."""
+    from minibert.cli import main
+
     run = [sys.executable, "-m", "minibert", "map"]
     out = subprocess.run(run + [str(BANK), "--model", str(minilm_dir), "--word", "bank", "--layers", "0,3,6",
                                 "--out", str(tmp_path / "bank.png"), "--json", str(tmp_path / "bank"), "--quiet"],
@@ -161,18 +164,20 @@ def test_map_cli(minilm_dir, tmp_path):
     saved = json.loads((tmp_path / "bank.json").read_text())
     assert saved["layers"] == [0, 3, 6] and len(saved["coords"][0]) == 32 and saved["knn_accuracy"][-1] == 1.0
     assert (tmp_path / "bank.png").exists()
-    out = subprocess.run(run + [str(BANK), "--model", str(minilm_dir), "--layers", "-2:", "--out",
-                                str(tmp_path / "sent.svg"), "--quiet"], capture_output=True, text=True)
-    assert out.returncode == 0 and "32 sentences" in out.stdout, out.stderr
+    capsys.readouterr()
+    assert main(["map", str(BANK), "--model", str(minilm_dir), "--layers", "-2:", "--out", str(tmp_path / "sent.svg"),
+                 "--quiet"]) == 0
+    assert "32 sentences" in capsys.readouterr().out
+    assert (tmp_path / "sent.svg").exists()
     text = tmp_path / "t.txt"
     text.write_text("the river bank\nthe bank loan\n")
     for argv, message in (([str(text)], "--word"), ([str(POS), "--word", "bank"], "--word picks"),
                           ([str(BANK), "--layers", "9"], "out of range"), ([str(BANK), "--method", "mds"], "--method"),
                           ([str(tmp_path / "x.parquet")], "use a .conllu"),
-                          ([str(BANK), "--max-points", "2"], "--max-points")):
-        out = subprocess.run(run + argv + ["--model", str(minilm_dir), "--out", str(tmp_path / "m.png")],
-                             capture_output=True, text=True)
-        assert out.returncode == 2 and message in out.stderr, (argv, out.stderr)
-    missing_dir = subprocess.run(run + [str(BANK), "--model", str(minilm_dir), "--out", str(tmp_path / "no" / "m.png")],
-                                 capture_output=True, text=True)
-    assert missing_dir.returncode == 2 and "does not exist" in missing_dir.stderr
+                          ([str(BANK), "--max-points", "2"], "--max-points"),
+                          ([str(BANK), "--out", str(tmp_path / "no" / "m.png")], "does not exist")):
+        out_given = "--out" in argv
+        with pytest.raises(SystemExit) as exit_info:
+            main(["map"] + argv + ["--model", str(minilm_dir)] + ([] if out_given else ["--out", str(tmp_path / "m.png")]))
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, argv
+    assert not (tmp_path / "m.png").exists() and not (tmp_path / "no").exists()
