@@ -356,7 +356,7 @@ def part_sweep(args, work, results):
     (``--seeds``): trained on 4,952 questions, the best epoch and the learning rate chosen on the 500 held back
     (``trec_dev_split``), test accuracy reported for the chosen learning rate. One learning rate for both
     models would favour whichever it suits; this gives each its own, chosen without the test set. Each
-    finished run is kept in pretrain-runs.tmp/sweep/ and not trained again."""
+    finished run is kept in pretrain-runs.tmp/sweep/runs-RUN.json and not trained again."""
     from minibert.models import BertModel
     from minibert.models.heads import BertForSequenceClassification
     from minibert.training.loop import FitConfig
@@ -373,7 +373,7 @@ def part_sweep(args, work, results):
             (random_dir / name).write_bytes((run / name).read_bytes())
     tokenizer = BertTokenizer.from_pretrained(run)
     evaluate_test = read_task_data("classify", train, test).evaluator(tokenizer, max_length=64)
-    cache = folder / "runs.json"
+    cache = folder / f"runs-{run.name}.json"  # per pre-training run: another run's model is fine-tuned anew
     done = json.loads(cache.read_text()) if cache.exists() else {}
     lrs, seeds = [float(x) for x in args.lrs.split(",")], [int(x) for x in args.seeds.split(",")]
     for name, source in (("pre-trained", run), ("random init", random_dir)):
@@ -400,7 +400,7 @@ def part_sweep(args, work, results):
         rows[name] = {"by_lr": by_lr, "chosen_lr": chosen, "test": [r["test"] for r in by_lr[chosen]],
                       "dev": [r["dev"] for r in by_lr[chosen]]}
     results["sweep"] = {"epochs": args.epochs, "lrs": lrs, "seeds": seeds, "dev_questions": 500,
-                        "train_questions": sum(1 for _ in open(train, encoding="utf-8")) - 1, "rows": rows}
+                        "train_questions": len(train.read_text(encoding="utf-8").splitlines()) - 1, "rows": rows}
 
 
 BANDS = ((1000, None), (100, 1000), (10, 100), (1, 10), (0, 1))  # how often a word occurs in the training text
