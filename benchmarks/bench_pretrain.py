@@ -298,6 +298,19 @@ def part_stopped(args, work, results):
     results["stopped_runs"] = stopped
 
 
+def random_init_folder(run: Path) -> Path:
+    """The run's geometry from random initialisation (seed 0), saved once per run with its tokenizer files in
+    pretrain-runs.tmp/sweep/random-init-RUN: the baseline every downstream comparison uses."""
+    from minibert.models import BertModel
+
+    folder = RESULTS / "pretrain-runs.tmp" / "sweep" / f"random-init-{run.name}"
+    if not (folder / "model.safetensors").exists():
+        BertForMaskedLM.from_config(BertModel.from_pretrained(run).config, seed=0).save_pretrained(folder)
+        for name in ("vocab.txt", "tokenizer_config.json"):
+            (folder / name).write_bytes((run / name).read_bytes())
+    return folder
+
+
 def part_downstream(args, work, results):
     """What the from-scratch run learnt: a UPOS probe per layer (tests/data/pos_sample.conllu, control task
     beside it) and TREC-6 fine-tuning accuracy, against the same geometry from random initialisation."""
@@ -310,11 +323,7 @@ def part_downstream(args, work, results):
 
     run = ROOT / results["run"]["folder"]
     tokenizer = BertTokenizer.from_pretrained(run)
-    random_dir = work / "random-init"
-    config = BertModel.from_pretrained(run).config
-    BertForMaskedLM.from_config(config, seed=0).save_pretrained(random_dir)
-    for name in ("vocab.txt", "tokenizer_config.json"):
-        (random_dir / name).write_bytes((run / name).read_bytes())
+    random_dir = random_init_folder(run)
     pos = read_conllu(ROOT / "tests" / "data" / "pos_sample.conllu")
     trec = fetch_data.fetch_trec()
     rows = {}
@@ -357,7 +366,6 @@ def part_sweep(args, work, results):
     (``trec_dev_split``), test accuracy reported for the chosen learning rate. One learning rate for both
     models would favour whichever it suits; this gives each its own, chosen without the test set. Each
     finished run is kept in pretrain-runs.tmp/sweep/runs-RUN.json and not trained again."""
-    from minibert.models import BertModel
     from minibert.models.heads import BertForSequenceClassification
     from minibert.training.loop import FitConfig
     from minibert.training.pipelines.finetune import finetune
@@ -366,11 +374,7 @@ def part_sweep(args, work, results):
     run = ROOT / results["run"]["folder"]
     folder = RESULTS / "pretrain-runs.tmp" / "sweep"
     train, dev, test = trec_dev_split(folder / "trec")
-    random_dir = folder / "random-init"
-    if not (random_dir / "model.safetensors").exists():
-        BertForMaskedLM.from_config(BertModel.from_pretrained(run).config, seed=0).save_pretrained(random_dir)
-        for name in ("vocab.txt", "tokenizer_config.json"):
-            (random_dir / name).write_bytes((run / name).read_bytes())
+    random_dir = random_init_folder(run)
     tokenizer = BertTokenizer.from_pretrained(run)
     evaluate_test = read_task_data("classify", train, test).evaluator(tokenizer, max_length=64)
     cache = folder / f"runs-{run.name}.json"  # per pre-training run: another run's model is fine-tuned anew
@@ -431,11 +435,7 @@ def part_embeddings(args, work, results):
     with open(fetch_data.fetch_trec() / "train.csv", newline="", encoding="utf-8") as f:
         questions = [row["text"] for row in csv.DictReader(f)]
     trec = torch.tensor([i for ids in tokenizer(questions, add_special_tokens=False)["input_ids"] for i in ids])
-    random_dir = RESULTS / "pretrain-runs.tmp" / "sweep" / "random-init"
-    if not (random_dir / "model.safetensors").exists():
-        from minibert.models import BertModel
-        BertForMaskedLM.from_config(BertModel.from_pretrained(run).config, seed=0).save_pretrained(random_dir)
-    models = {"pre-trained": embeddings(run), "random init": embeddings(random_dir)}
+    models = {"pre-trained": embeddings(run), "random init": embeddings(random_init_folder(run))}
     if (MINILM / "model.safetensors").exists():
         models["all-MiniLM-L6-v2"] = embeddings(MINILM)
     rows = []
