@@ -17,56 +17,17 @@ Every normalised character remembers the span of the original character it came 
 
 from __future__ import annotations
 
-import bisect
 import re
 import unicodedata
 import warnings
 from pathlib import Path
 
 from . import _unicode_tables as _tables
+from .charclasses import WHITESPACE, is_cjk, is_control, is_mark, is_punctuation
 from .errors import InputError
 from .textfiles import field
 
-# ------------------------------------------------------------------------------ character classes
-# The Rust tokenizers library classifies characters with Unicode tables older than Python's unicodedata
-# (characters added since count as letters there), so the classes below are the reference's own, probed
-# code point by code point by tools/gen_unicode_tables.py and stored as sorted (first, last) ranges.
-WHITESPACE = frozenset(_tables.WHITESPACE + " ")  # becomes a space, then separates words
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-               (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-
-
-def _in(ranges: list, starts: list, ch: str) -> bool:
-    k = bisect.bisect_right(starts, ord(ch)) - 1
-    return k >= 0 and ord(ch) <= ranges[k][1]
-
-
-_CONTROL_STARTS = [lo for lo, _ in _tables.CONTROL]
-_PUNCT_STARTS = [lo for lo, _ in _tables.PUNCTUATION]
-_MARK_STARTS = [lo for lo, _ in _tables.MARK]
-
-
-def is_cjk(ch: str) -> bool:
-    """CJK Unified Ideographs (and extensions, compatibility ideographs): each becomes its own word.
-    Hangul, kana and Thai are not in these blocks and are tokenised like any other letters."""
-    cp = ord(ch)
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
-
-
-def is_control(ch: str) -> bool:
-    """Removed by text cleaning: NUL, U+FFFD, control, format and private-use characters."""
-    return _in(_tables.CONTROL, _CONTROL_STARTS, ch)
-
-
-def is_punctuation(ch: str) -> bool:
-    """Unicode punctuation plus every ASCII symbol ($, +, <, ^, `, |, ~ are symbols in Unicode)."""
-    return _in(_tables.PUNCTUATION, _PUNCT_STARTS, ch)
-
-
-def is_mark(ch: str) -> bool:
-    """A non-spacing combining mark (an accent once NFD has split it off its letter)."""
-    return _in(_tables.MARK, _MARK_STARTS, ch)
-
+# The character classes (whitespace, control, punctuation, mark, CJK) live in charclasses.py.
 
 _ASCII_SIMPLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # ASCII characters that need the general path
 _ASCII_WORDS = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # an ASCII word, or one ASCII punctuation
