@@ -68,10 +68,19 @@ def run(args) -> dict:
     corpus = corpus_files_for_runs()
     held = fetch_data.fetch_sentences() / "held.txt"
     started = time.perf_counter()
-    results = run_study(corpus, out, vocab=MINILM, eval_texts=held, config=config, conllu=POS,
-                        task_train=trec / "train.csv", task_eval=trec / "test.csv", log=print)
-    results["cut_vs_grown"] = cut_vs_grown(out, corpus, vocab=MINILM, eval_texts=held, conllu=POS,
-                                           task_train=trec / "train.csv", task_eval=trec / "test.csv", log=print)
+    if args.collect:  # report the study folder as it stands: nothing is trained or measured
+        study = out / "study.json"
+        if not study.exists():
+            raise SystemExit(f"--collect: {study} does not exist; run the study first (without --collect)")
+        results = json.loads(study.read_text(encoding="utf-8"))
+        if "speed" not in results:
+            raise SystemExit(f"--collect: {study} has not finished its runs; run the same command without --collect")
+        results.setdefault("cut_vs_grown", {})
+    else:
+        results = run_study(corpus, out, vocab=MINILM, eval_texts=held, config=config, conllu=POS,
+                            task_train=trec / "train.csv", task_eval=trec / "test.csv", log=print)
+        results["cut_vs_grown"] = cut_vs_grown(out, corpus, vocab=MINILM, eval_texts=held, conllu=POS,
+                                               task_train=trec / "train.csv", task_eval=trec / "test.csv", log=print)
     # the quick scale is a smoke run: its figures stay beside its runs
     figures = plot_study(results, out if args.scale == "quick" else ROOT / "docs" / "img", name=args.name)
     return {"name": args.name, "scale": args.scale, "config": results["config"], "rows": summary_rows(results),
@@ -128,6 +137,10 @@ def markdown(r: dict) -> str:
                 m = arms[arm]
                 out.append(f"| {k} | {arm} | {m['eval_loss']:.3f} | {m['masked_accuracy']:.3f} | {best_probe(m):.3f} | "
                            f"{m.get('task_accuracy', float('nan')):.3f} |")
+        left = [k for k in c["depths"] if k < max(c["depths"]) and str(k) not in cvg["depths"]]
+        if left:
+            out += ["", f"Not finished (the comparison was stopped): k = {', '.join(map(str, left))}; the same command "
+                    "without --collect picks it up."]
     out += ["", "Figures: " + ", ".join(f"![]({'../../' + f})" for f in r["figures"]), ""]
     return "\n".join(out)
 
@@ -138,6 +151,9 @@ def main():
     parser.add_argument("--epochs", type=int, default=2, help="TREC-6 fine-tuning epochs (full, reduced)")
     parser.add_argument("--name", default=None, help="results and figure name (default depth_SCALE)")
     parser.add_argument("--report", action="store_true", help="only write NAME.md again from NAME.json")
+    parser.add_argument("--collect", action="store_true",
+                        help="write NAME.json, NAME.md and the figures from the study folder as it stands (its runs "
+                             "finished; a cut-vs-grown comparison stopped part-way shows the depths it finished)")
     args = parser.parse_args()
     args.name = args.name or f"depth_{args.scale}"
     path = RESULTS / f"{args.name}.json"

@@ -208,7 +208,7 @@ def timeline_heatmaps(timeline, path, title="Probing across time") -> Path:
 def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = "depth") -> list[Path]:
     """A depth study's figures (``training.depth_study``): ``{name}_loss.png`` (held-out masked-LM loss vs
     blocks, equal steps and equal training FLOPs, every single run a gray dot), ``{name}_downstream.png``
-    (best probe layer and fine-tuned task accuracy vs blocks) and ``{name}_probes.png`` (each depth's probe
+    (best probe layer and fine-tuned task accuracy vs blocks, each run's task accuracy a gray dot) and ``{name}_probes.png`` (each depth's probe
     curve: equal steps, or equal FLOPs when that is the only budget; the first seed). ``rows``: one per (depth, budget), seeds averaged; ``runs``: every run."""
     plt = _pyplot()
     folder = Path(folder)
@@ -232,13 +232,15 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
             mine = [r for r in rows if r["budget"] == budget and key in r]
             if mine:
                 ax.plot([r["depth"] for r in mine], [r[key] for r in mine], style, label=f"{label} ({said})")
+    tasks = [r for r in runs if "task_accuracy" in r]  # the seeds behind a mean can disagree (one stuck, one not)
+    ax.scatter([r["depth"] for r in tasks], [r["task_accuracy"] for r in tasks], s=12, color="gray", zorder=3)
     ax.set_xlabel("blocks")
     ax.set_ylabel("accuracy")
     ax.set_xticks(sorted({r["depth"] for r in rows}))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
-    ax.set_title("What each depth learnt", fontsize=10)
+    ax.set_title("What each depth learnt" + (" (gray dots: single runs' task accuracy)" if tasks else ""), fontsize=10)
     written.append(_save(fig, folder / f"{name}_downstream.png"))
     first = min((r["seed"] for r in runs), default=0)
     budget = "steps" if any(r["budget"] == "steps" for r in runs) else "compute"
