@@ -6,9 +6,9 @@ Scales (``--scale``):
 
 * ``full``: 1, 2, 4, 6, 8 blocks of 256 (4 heads, FFN 1,024; ``DepthStudyConfig()``'s geometry), 1,200
   steps of 16 x 128 (2.5M tokens a run; the mini run left the unigram plateau by then), lr 1e-3, under equal
-  steps (seeds 0 and 1) and equal training FLOPs (4 blocks' budget), TREC-6 at lr 3e-4: about 4 hours on 2 cores (estimated
-  from the reduced study's and the mini pre-training run's tokens/s on EPYC Zen 4; the FLOPs of each run
-  are printed before it starts). ``DepthStudyConfig()`` itself (2,000 steps of 32 x 128) is for a machine
+  steps (seeds 0 and 1) and equal training FLOPs (4 blocks' budget), TREC-6 at lr 3e-4: about 3.5 hours on 2
+  cores of an EPYC Zen 4 (measured: 15 runs, then the cut-vs-grown comparison's four distillations, each
+  paced by the 8-block teacher; the FLOPs of each run are printed before it starts). ``DepthStudyConfig()`` itself (2,000 steps of 32 x 128) is for a machine
   with more cores or a GPU.
 * ``reduced``: the same five depths at width 128 (2 heads, FFN 512), 1,000 steps of 16 x 64, lr 2e-3,
   bf16 where the CPU has bf16 units: about an hour on 2 cores.
@@ -18,7 +18,8 @@ Every scale: held-out masked-LM loss / accuracy (one set of held-out examples an
 probe per layer (tests/data/pos_sample.conllu, with its control task), TREC-6 fine-tuning (``--epochs``),
 forward time, parameters; then the deepest model cut to each smaller depth, against the same depth grown
 from scratch and distilled from the deepest (the same tokens). A stopped run picks up where it stopped
-(the same command again: the runs live in benchmarks/results/depth-runs.tmp/SCALE).
+(the same command again: the runs live in benchmarks/results/depth-runs.tmp/SCALE); ``--collect`` writes the
+page and figures from that folder as it stands.
 
     python benchmarks/bench_depth.py --scale reduced --name depth_epyc-zen4
 """
