@@ -8,8 +8,8 @@ Scales (``--scale``):
   steps of 16 x 128 (2.5M tokens a run; the mini run left the unigram plateau by then), lr 1e-3, under equal
   steps (seeds 0 and 1) and equal training FLOPs (4 blocks' budget), TREC-6 at lr 3e-4: about 3.5 hours on 2
   cores of an EPYC Zen 4 (measured: 15 runs, then the cut-vs-grown comparison's four distillations, each
-  paced by the 8-block teacher; the FLOPs of each run are printed before it starts). ``DepthStudyConfig()`` itself (2,000 steps of 32 x 128) is for a machine
-  with more cores or a GPU.
+  paced by the 8-block teacher; the FLOPs of each run are printed before it starts).
+  ``DepthStudyConfig()`` itself (2,000 steps of 32 x 128) is for a machine with more cores or a GPU.
 * ``reduced``: the same five depths at width 128 (2 heads, FFN 512), 1,000 steps of 16 x 64, lr 2e-3,
   bf16 where the CPU has bf16 units: about an hour on 2 cores.
 * ``quick``: the tutorial's ``--quick`` (1, 2, 4 blocks of width 64, 60 steps): minutes.

@@ -208,8 +208,9 @@ def timeline_heatmaps(timeline, path, title="Probing across time") -> Path:
 def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = "depth") -> list[Path]:
     """A depth study's figures (``training.depth_study``): ``{name}_loss.png`` (held-out masked-LM loss vs
     blocks, equal steps and equal training FLOPs, every single run a gray dot), ``{name}_downstream.png``
-    (best probe layer and fine-tuned task accuracy vs blocks, each run's task accuracy a gray dot) and ``{name}_probes.png`` (each depth's probe
-    curve: equal steps, or equal FLOPs when that is the only budget; the first seed). ``rows``: one per (depth, budget), seeds averaged; ``runs``: every run."""
+    (best probe layer and fine-tuned task accuracy vs blocks, each run's task accuracy a gray dot) and
+    ``{name}_probes.png`` (each depth's probe curve: equal steps, or equal FLOPs when that is the only budget;
+    the first seed). ``rows``: one per (depth, budget), seeds averaged; ``runs``: every run."""
     plt = _pyplot()
     folder = Path(folder)
     written = []
