@@ -65,9 +65,6 @@ def run(args) -> dict:
     config = dataclasses.replace(config, task_epochs=args.epochs if args.scale != "quick" else config.task_epochs,
                                  bf16=native_half(torch.bfloat16) and args.scale != "quick")
     out = RESULTS / "depth-runs.tmp" / args.scale
-    trec = fetch_data.fetch_trec()
-    corpus = corpus_files_for_runs()
-    held = fetch_data.fetch_sentences() / "held.txt"
     started = time.perf_counter()
     if args.collect:  # report the study folder as it stands: nothing is trained or measured
         study = out / "study.json"
@@ -78,6 +75,9 @@ def run(args) -> dict:
             raise SystemExit(f"--collect: {study} has not finished its runs; run the same command without --collect")
         results.setdefault("cut_vs_grown", {})
     else:
+        trec = fetch_data.fetch_trec()
+        corpus = corpus_files_for_runs()
+        held = fetch_data.fetch_sentences() / "held.txt"
         results = run_study(corpus, out, vocab=MINILM, eval_texts=held, config=config, conllu=POS,
                             task_train=trec / "train.csv", task_eval=trec / "test.csv", log=print)
         results["cut_vs_grown"] = cut_vs_grown(out, corpus, vocab=MINILM, eval_texts=held, conllu=POS,
