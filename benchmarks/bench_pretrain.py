@@ -207,6 +207,7 @@ def part_run(args, work, results):
     suffix = "" if (args.lr, args.dropout, args.bf16) == (5e-4, None, False) else \
         f"-lr{args.lr:g}-dropout{args.dropout}" + ("-bf16" if args.bf16 else "")
     suffix += "" if args.batch == 32 else f"-batch{args.batch}"
+    suffix += "-untied" if args.untied else ""
     budget = f"{args.steps}steps" if args.steps else f"{args.minutes}min"
     out = RESULTS / "pretrain-runs.tmp" / f"{args.geometry}-{budget}{suffix}"
     previous = results.get("run")
@@ -254,7 +255,8 @@ def part_run(args, work, results):
                               config=PretrainConfig(steps=steps, batch_size=batch, lr=args.lr, bf16=args.bf16, eval_every=max(1, steps // 20),
                                                     save_every=max(1, steps // 10), log_every=max(1, steps // 100),
                                                     eval_examples=256, progress=True),
-                              dropout=args.dropout, resume=any((out / "checkpoints").glob("step-*")), log=print)
+                              dropout=args.dropout, resume=any((out / "checkpoints").glob("step-*")),
+                              untied=args.untied, log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     results["run"] = {"geometry": args.geometry, "steps": steps, "batch": f"{batch} x 128", "lr": args.lr,
                       "bf16": args.bf16, "dropout": args.dropout, "minutes": args.minutes,
@@ -366,48 +368,69 @@ def part_sweep(args, work, results):
     (``trec_dev_split``), test accuracy reported for the chosen learning rate. One learning rate for both
     models would favour whichever it suits; this gives each its own, chosen without the test set. Each
     finished run is kept in pretrain-runs.tmp/sweep/runs-RUN.json and not trained again."""
+    run = ROOT / results["run"]["folder"]
+    train, _, _ = trec_dev_split(RESULTS / "pretrain-runs.tmp" / "sweep" / "trec")
+    random_dir = random_init_folder(run)
+    lrs, seeds = [float(x) for x in args.lrs.split(",")], [int(x) for x in args.seeds.split(",")]
+    rows = {name: sweep_rows(name, source, run, args, work) for name, source in
+            (("pre-trained", run), ("random init", random_dir))}
+    results["sweep"] = {"epochs": args.epochs, "lrs": lrs, "seeds": seeds, "dev_questions": 500,
+                        "train_questions": len(train.read_text(encoding="utf-8").splitlines()) - 1, "rows": rows}
+
+
+def sweep_rows(name: str, source: Path, run: Path, args, work: Path) -> dict:
+    """``source`` fine-tuned on TREC-6 at each of ``--lrs`` and ``--seeds`` (see ``part_sweep``): the runs by
+    learning rate, the one chosen by mean dev accuracy, its test accuracies. Finished runs are cached per
+    pre-training run (pretrain-runs.tmp/sweep/runs-RUN.json) under ``name``."""
     from minibert.models.heads import BertForSequenceClassification
     from minibert.training.loop import FitConfig
     from minibert.training.pipelines.finetune import finetune
     from minibert.training.pipelines.skeleton import read_task_data
 
-    run = ROOT / results["run"]["folder"]
     folder = RESULTS / "pretrain-runs.tmp" / "sweep"
     train, dev, test = trec_dev_split(folder / "trec")
-    random_dir = random_init_folder(run)
-    tokenizer = BertTokenizer.from_pretrained(run)
-    evaluate_test = read_task_data("classify", train, test).evaluator(tokenizer, max_length=64)
+    evaluate_test = read_task_data("classify", train, test).evaluator(BertTokenizer.from_pretrained(run), max_length=64)
     cache = folder / f"runs-{run.name}.json"  # per pre-training run: another run's model is fine-tuned anew
     done = json.loads(cache.read_text()) if cache.exists() else {}
     lrs, seeds = [float(x) for x in args.lrs.split(",")], [int(x) for x in args.seeds.split(",")]
-    for name, source in (("pre-trained", run), ("random init", random_dir)):
-        for lr in lrs:
-            for seed in seeds:
-                key = f"{name}|{lr:g}|{seed}|{args.epochs}"
-                if key in done:
-                    continue
-                out = work / "sweep-model"
-                started = time.time()
-                history = finetune(train, dev, str(source), out, config=FitConfig(epochs=args.epochs, lr=lr, seed=seed,
-                                   progress=False), batch_size=32, max_length=64, log=None)
-                model = BertForSequenceClassification.from_pretrained(out)
-                done[key] = {"dev": history.best_metric, "best_epoch": history.best_epoch,
-                             "dev_epochs": [e["eval"]["accuracy"] for e in history.epochs],
-                             "test": evaluate_test(model.eval())["accuracy"], "seconds": time.time() - started}
-                cache.write_text(json.dumps(done, indent=2) + "\n")
-                print(f"  {name} lr {lr:g} seed {seed}: dev {done[key]['dev']:.3f} test {done[key]['test']:.3f} "
-                      f"({done[key]['seconds']:.0f} s)", flush=True)
-    rows = {}
-    for name in ("pre-trained", "random init"):
-        by_lr = {f"{lr:g}": [done[f"{name}|{lr:g}|{seed}|{args.epochs}"] for seed in seeds] for lr in lrs}
-        chosen = max(by_lr, key=lambda lr: sum(r["dev"] for r in by_lr[lr]) / len(seeds))
-        rows[name] = {"by_lr": by_lr, "chosen_lr": chosen, "test": [r["test"] for r in by_lr[chosen]],
-                      "dev": [r["dev"] for r in by_lr[chosen]]}
-    results["sweep"] = {"epochs": args.epochs, "lrs": lrs, "seeds": seeds, "dev_questions": 500,
-                        "train_questions": len(train.read_text(encoding="utf-8").splitlines()) - 1, "rows": rows}
+    for lr in lrs:
+        for seed in seeds:
+            key = f"{name}|{lr:g}|{seed}|{args.epochs}"
+            if key in done:
+                continue
+            out = work / "sweep-model"
+            started = time.time()
+            history = finetune(train, dev, str(source), out, config=FitConfig(epochs=args.epochs, lr=lr, seed=seed,
+                               progress=False), batch_size=32, max_length=64, log=None)
+            model = BertForSequenceClassification.from_pretrained(out)
+            done[key] = {"dev": history.best_metric, "best_epoch": history.best_epoch,
+                         "dev_epochs": [e["eval"]["accuracy"] for e in history.epochs],
+                         "test": evaluate_test(model.eval())["accuracy"], "seconds": time.time() - started}
+            cache.write_text(json.dumps(done, indent=2) + "\n")
+            print(f"  {name} lr {lr:g} seed {seed}: dev {done[key]['dev']:.3f} test {done[key]['test']:.3f} "
+                  f"({done[key]['seconds']:.0f} s)", flush=True)
+    by_lr = {f"{lr:g}": [done[f"{name}|{lr:g}|{seed}|{args.epochs}"] for seed in seeds] for lr in lrs}
+    chosen = max(by_lr, key=lambda lr: sum(r["dev"] for r in by_lr[lr]) / len(seeds))
+    return {"by_lr": by_lr, "chosen_lr": chosen, "test": [r["test"] for r in by_lr[chosen]],
+            "dev": [r["dev"] for r in by_lr[chosen]]}
 
 
 BANDS = ((1000, None), (100, 1000), (10, 100), (1, 10), (0, 1))  # how often a word occurs in the training text
+
+
+def band_words(counts: torch.Tensor):
+    """Per frequency band (``BANDS``): (low, high, which words are in it, 500 of them drawn with seed 0)."""
+    for low, high in BANDS:
+        inside = (counts >= low) & (counts < high) if high is not None else counts >= low
+        ids = torch.nonzero(inside).flatten()
+        yield low, high, inside, ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))[:500]]
+
+
+def band_stats(table: torch.Tensor, chosen: torch.Tensor) -> dict:
+    """The mean cosine between the rows ``chosen`` of ``table`` (pairs of different words) and their mean length."""
+    unit = torch.nn.functional.normalize(table[chosen], dim=-1)
+    off = (unit @ unit.T)[~torch.eye(len(chosen), dtype=torch.bool)]
+    return {"mean_cosine": off.mean().item(), "mean_norm": table[chosen].norm(dim=-1).mean().item()}
 
 
 def part_embeddings(args, work, results):
@@ -439,19 +462,13 @@ def part_embeddings(args, work, results):
     if (MINILM / "model.safetensors").exists():
         models["all-MiniLM-L6-v2"] = embeddings(MINILM)
     rows = []
-    for low, high in BANDS:
-        inside = (counts >= low) & (counts < high) if high is not None else counts >= low
-        ids = torch.nonzero(inside).flatten()
-        chosen = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))[:500]]
-        row = {"low": low, "high": high, "words": len(ids), "trec_token_share": inside[trec].float().mean().item(),
+    for low, high, inside, chosen in band_words(counts):
+        row = {"low": low, "high": high, "words": int(inside.sum()), "trec_token_share": inside[trec].float().mean().item(),
                "ids": chosen}
         for name, table in models.items():
-            unit = torch.nn.functional.normalize(table[chosen], dim=-1)
-            cosines = unit @ unit.T
-            off = cosines[~torch.eye(len(chosen), dtype=torch.bool)]
-            row[name] = {"mean_cosine": off.mean().item(), "mean_norm": table[chosen].norm(dim=-1).mean().item()}
+            row[name] = band_stats(table, chosen)
         rows.append(row)
-        print(f"  {low}..{high}: {len(ids)} words, " + ", ".join(f"{n} cos {row[n]['mean_cosine']:.3f}" for n in models),
+        print(f"  {low}..{high}: {row['words']} words, " + ", ".join(f"{n} cos {row[n]['mean_cosine']:.3f}" for n in models),
               flush=True)
     # over training: the kept checkpoints of the stopped run (same settings, batch 32) and of this run (batch 16),
     # by sequences seen; the three most frequent bands, the same words as above
@@ -471,6 +488,99 @@ def part_embeddings(args, work, results):
     for r in rows:
         del r["ids"]
     results["embeddings"] = {"rows": rows, "models": list(models), "trajectory": trajectory}
+
+
+def part_untied(args, work, results):
+    """The ablation of the tied embeddings: the from-scratch run once more with everything the same (geometry,
+    steps, batch, learning rate, dropout, precision, seed, data order) but a masked-LM decoder of its own
+    (``untied.py``), then what the tied run was measured on: held-out loss, the embeddings by word
+    frequency (the same 500 words a band), the UPOS probe and the TREC-6 sweep. The random-init baseline is
+    the sweep's: the same encoder weights (checked), since the decoder is the only thing that differs and
+    fine-tuning drops it."""
+    from safetensors.torch import load_file
+
+    from minibert.analysis.probing import probe_model
+    from minibert.config import BertConfig
+    from minibert.models import BertModel
+    from minibert.textfiles import read_conllu
+
+    if "sweep" not in results or "embeddings" not in results:
+        raise SystemExit("part untied compares with the tied run's sweep and embeddings: run those parts first")
+    tied = results["run"]
+    same = argparse.Namespace(**{**vars(args), "untied": True, "geometry": tied["geometry"], "steps": tied["steps"],
+                                 "batch": int(str(tied["batch"]).split()[0]), "lr": tied["lr"], "bf16": tied["bf16"],
+                                 "dropout": tied["dropout"], "name": f"{args.name}_untied"})
+    scratch = {}
+    part_run(same, work, scratch)
+    run = ROOT / scratch["run"]["folder"]
+    random_dir = random_init_folder(ROOT / tied["folder"])  # the sweep's baseline: the same encoder?
+    config = BertConfig.from_json_file(run / "config.json")
+    fresh = BertForMaskedLM.from_config(config, seed=0).bert.state_dict()
+    baseline = BertModel.from_pretrained(random_dir).state_dict()
+    assert all(torch.equal(baseline[k], fresh[k]) for k in baseline), "random init differs from the untied run's"
+    tensors = load_file(str(run / "model.safetensors"))
+    store = TokenStore(run / "store")
+    counts = torch.bincount(torch.from_numpy(store.stream.astype("int64")), minlength=int(store.meta["vocab_size"]))
+    tied_table = load_file(str(ROOT / tied["folder"] / "model.safetensors"))["bert.embeddings.word_embeddings.weight"]
+    tables = {"tied": tied_table.float(), "untied: embeddings": tensors["bert.embeddings.word_embeddings.weight"].float(),
+              "untied: decoder": tensors["cls.predictions.decoder.weight"].float()}
+    bands = [{"low": low, "high": high, "words": int(inside.sum())} | {n: band_stats(t, chosen) for n, t in tables.items()}
+             for low, high, inside, chosen in band_words(counts)]
+    tokenizer = BertTokenizer.from_pretrained(run)
+    probe = probe_model(BertModel.from_pretrained(run), tokenizer, read_conllu(ROOT / "tests" / "data" / "pos_sample.conllu"),
+                        progress=False)
+    print(f"  untied: UPOS {[round(a, 3) for a in probe.accuracy]}", flush=True)
+    results["untied"] = {"run": {k: v for k, v in scratch["run"].items() if k != "log"},
+                         "evals": [x for x in scratch["run"]["log"] if "eval_loss" in x], "bands": bands,
+                         "upos_accuracy": probe.accuracy, "upos_selectivity": probe.selectivity,
+                         "sweep": sweep_rows("pre-trained", run, run, args, work)}
+
+
+def untied_markdown(results: dict) -> list[str]:
+    u, tied_evals = results["untied"], [x for x in results["run"]["log"] if "eval_loss" in x]
+    last, tied_last = u["evals"][-1], tied_evals[-1]
+    sweep = results["sweep"]
+    out = ["## Ablation: an untied decoder", "",
+           "The same run once more -- geometry, steps, batch, learning rate, dropout, precision, seed and data order "
+           "-- but the masked-LM decoder a matrix of its own (`--untied`, `minibert/untied.py`), so the word "
+           "embeddings learn only from the words read, not from every softmax step. Not BERT: the test of the cause "
+           "above.", "",
+           f"Held-out masked-LM loss {last['eval_loss']:.3f} (tied: {tied_last['eval_loss']:.3f}), masked-token "
+           f"accuracy {last['masked_accuracy']:.3f} (tied: {tied_last['masked_accuracy']:.3f}).", "",
+           f"![the untied run's losses and accuracy](../../docs/img/{args_name(results)}_untied_run.png)", "",
+           "| occurrences in the training text | words | tied embeddings cosine / length | untied embeddings cosine / "
+           "length | untied decoder cosine / length |", "|---|---|---|---|---|"]
+    for b in u["bands"]:
+        band = f">= {b['low']:,}" if b["high"] is None else ("0 (never)" if b["high"] == 1 else f"{b['low']:,}-{b['high'] - 1:,}")
+        out.append(f"| {band} | {b['words']:,} | " + " | ".join(
+            f"{b[n]['mean_cosine']:.3f} / {b[n]['mean_norm']:.2f}" for n in ("tied", "untied: embeddings", "untied: decoder"))
+            + " |")
+    tied_probe = results.get("downstream", {}).get("rows", {})
+    out += ["", "UPOS probe by hidden state (0 = embeddings): " + ", ".join(f"{a:.3f}" for a in u["upos_accuracy"])
+            + f"; best selectivity {max(u['upos_selectivity']):.3f}"
+            + (f" (tied: best {max(tied_probe['pre-trained']['upos_accuracy']):.3f}; random init: best "
+               f"{max(tied_probe['random init']['upos_accuracy']):.3f})." if "pre-trained" in tied_probe else "."), "",
+            "TREC-6 as in the sweep above (same split, learning rates, seeds and epochs; the random-init row is the "
+            "sweep's, the same encoder weights):", "",
+            "| model | lr | " + " | ".join(f"seed {s} dev / test" for s in sweep["seeds"]) + " | mean dev | mean test |",
+            "|---|---|" + "---|" * len(sweep["seeds"]) + "---|---|"]
+    rows = {"untied, pre-trained": u["sweep"], "tied, pre-trained": sweep["rows"]["pre-trained"],
+            "random init": sweep["rows"]["random init"]}
+    for name, row in rows.items():
+        for lr, runs in row["by_lr"].items():
+            if name != "untied, pre-trained" and lr != row["chosen_lr"]:
+                continue
+            out.append(f"| {name} | {lr}{' (chosen)' if lr == row['chosen_lr'] else ''} | "
+                       + " | ".join(f"{r['dev']:.3f} / {r['test']:.3f}" for r in runs)
+                       + f" | {sum(r['dev'] for r in runs) / len(runs):.3f} | {sum(r['test'] for r in runs) / len(runs):.3f} |")
+    margin, spread, clear = sweep_margin({"rows": {"pre-trained": u["sweep"], "random init": sweep["rows"]["random init"]}})
+    mean = sum(u["sweep"]["test"]) / len(u["sweep"]["test"])
+    out += ["", f"Read: untied, the pre-trained model reaches {mean:.3f} on the test questions at its chosen learning rate "
+            f"({u['sweep']['chosen_lr']}), random init {sum(sweep['rows']['random init']['test']) / len(sweep['seeds']):.3f}: "
+            f"{100 * margin:+.1f} points against a seed range of up to {100 * spread:.1f}. "
+            + ("A clear margin (at least 2 points and twice the seed range)." if clear else
+               "Not a clear margin (that needs at least 2 points and twice the seed range)."), ""]
+    return out
 
 
 def embeddings_markdown(e: dict) -> list[str]:
@@ -713,6 +823,8 @@ def markdown(results: dict) -> str:
         out += sweep_markdown(results["sweep"])
     if "embeddings" in results:
         out += embeddings_markdown(results["embeddings"])
+    if "untied" in results:
+        out += untied_markdown(results)
     if "continued" in results:
         c = results["continued"]
         out += ["## Continued pre-training on tweets (all-MiniLM-L6-v2)", "",
@@ -790,6 +902,8 @@ def main():
     parser.add_argument("--batch", type=int, default=32, help="sequences of 128 tokens a step of the from-scratch run")
     parser.add_argument("--lr", type=float, default=5e-4, help="peak learning rate of the from-scratch run")
     parser.add_argument("--bf16", action="store_true", help="the from-scratch run under bf16 autocast")
+    parser.add_argument("--untied", action="store_true", help="the from-scratch run with a masked-LM decoder of its "
+                        "own (untied.py): the ablation of the tied embeddings")
     parser.add_argument("--dropout", type=float, default=None,
                         help="dropout while the from-scratch run trains (default: the config's 0.1)")
     parser.add_argument("--epochs", type=int, default=3, help="TREC-6 fine-tuning epochs (downstream, continued)")
@@ -804,7 +918,7 @@ def main():
         for part in args.parts.split(","):
             print(f"part {part}", flush=True)
             {"throughput": part_throughput, "parity": part_parity, "corpus": part_corpus, "run": part_run,
-             "downstream": part_downstream, "sweep": part_sweep, "embeddings": part_embeddings, "continued": part_continued, "stopped": part_stopped,
+             "downstream": part_downstream, "sweep": part_sweep, "embeddings": part_embeddings, "untied": part_untied, "continued": part_continued, "stopped": part_stopped,
              "report": lambda *a: None}[part](
                 args, Path(tmp), results)
             results["machine"] = {"cpu": cpu_description(), "threads": torch.get_num_threads(), "torch": torch.__version__}

@@ -45,6 +45,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12  # epsilon of every LayerNorm; 1e-12 in all official checkpoints
     pad_token_id: int = 0  # id of [PAD]; kept for the tokenizer and for writing config.json
     position_embedding_type: str = "absolute"  # the only kind minibert implements
+    # the masked-LM head only: False gives its decoder a weight of its own instead of the word embeddings
+    # (transformers' field of the same name; BERT ties them, ``untied.py``)
+    tie_word_embeddings: bool = True
     # task heads (minibert/heads.py) only; the encoder never reads these
     id2label: dict[int, str] | None = None  # class index -> name; its length is num_labels (1 = regression)
     problem_type: str | None = None  # None (inferred from labels), or one of PROBLEM_TYPES
@@ -75,6 +78,8 @@ class BertConfig:
                 f"BertConfig.position_embedding_type {self.position_embedding_type!r} is not supported: "
                 "minibert implements absolute position embeddings only (transformers 5 silently ignores "
                 "'relative_key'/'relative_key_query' and computes something else; we refuse instead)")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise InputError(f"BertConfig.tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             check_fraction(f"BertConfig.{name}", getattr(self, name))
         eps = self.layer_norm_eps
@@ -149,6 +154,8 @@ class BertConfig:
         for key in ("id2label", "problem_type", "classifier_dropout"):  # task fields only when set
             if data[key] is None:
                 del data[key]
+        if self.tie_word_embeddings:  # the default, BERT's: written only when a decoder is untied
+            del data["tie_word_embeddings"]
         if self.id2label is not None:
             data["id2label"] = {str(i): name for i, name in self.id2label.items()}
             data["label2id"] = self.label2id

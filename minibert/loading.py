@@ -82,6 +82,8 @@ def tensor_map(config: BertConfig, *, with_pooler: bool = True, with_mlm_head: b
             ("cls.predictions.transform.LayerNorm.bias", "mlm_head.norm.bias", (H,)),
             ("cls.predictions.bias", "mlm_head.bias", (V,)),
         ]
+        if not config.tie_word_embeddings:  # an untied decoder (untied.py) is a tensor of its own
+            rows.append(("cls.predictions.decoder.weight", "mlm_head.decoder", (V, H)))
     return rows
 
 
@@ -211,7 +213,8 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
         key = normalise_name(name)
         if key in BUFFERS:
             continue
-        if with_head and key in MLM_TIED:
+        if with_head and key in MLM_TIED and not (key == "cls.predictions.decoder.weight"
+                                                   and not config.tie_word_embeddings):
             tied[key] = (name, tensor)
             continue
         if not (with_head and key.startswith("cls.predictions.")) and any(
@@ -232,8 +235,10 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
                               + (f"; missing tensors of {_shorten(missing, 4)}" if missing else "")
                               + (f"; unexpected tensors of {_shorten(extra, 4)}" if extra else ""))
     has_pooler = any(k.startswith("pooler.") for k in by_name)
-    if with_head and "cls.predictions.bias" not in by_name and "cls.predictions.decoder.bias" in tied:
-        by_name["cls.predictions.bias"] = tied.pop("cls.predictions.decoder.bias")  # only the tied copy
+    if with_head and "cls.predictions.decoder.bias" in tied and (
+            "cls.predictions.bias" not in by_name or not config.tie_word_embeddings):
+        # only the tied copy; or untied, where transformers (5) scores with the decoder's own bias
+        by_name["cls.predictions.bias"] = tied.pop("cls.predictions.decoder.bias")
     expected = tensor_map(config, with_pooler=has_pooler, with_mlm_head=with_head)
     expected_names = {theirs for theirs, _, _ in expected}
     missing = [theirs for theirs, _, _ in expected if theirs not in by_name]
@@ -375,6 +380,12 @@ def _take(model, state, dtype, device, path, skipped):
     """Give a meta-device model the checkpoint's tensors (converted when a dtype or device is asked).
     ``dtype="int8"``: fp32 weights, then the blocks' linear layers quantised (``minibert.quantize``)."""
     int8 = isinstance(dtype, str) and dtype.lower() == "int8"
+    encoder = getattr(model, "bert", model)
+    if getattr(encoder, "mlm_head", None) is not None and not encoder.config.tie_word_embeddings:
+        from .untied import UntiedMaskedLMHead
+
+        with torch.device("meta"):
+            encoder.mlm_head = UntiedMaskedLMHead(encoder.config)  # the checkpoint's own decoder weight
     if int8 and device is not None and torch.device(device).type != "cpu":
         raise InputError(f"dtype='int8' (dynamic quantisation) runs on the CPU, not on device={device!r}")
     dtype = torch.float32 if int8 else parse_dtype(dtype)
@@ -432,6 +443,8 @@ def save_model(model, directory) -> None:
         assert tuple(tensor.shape) == shape, (ours, tuple(tensor.shape), shape)
         state[theirs] = tensor.detach().to("cpu").contiguous()
     assert not params, f"parameters with no checkpoint name: {sorted(params)}"
+    if mlm and not encoder.config.tie_word_embeddings:  # transformers ties the decoder's bias to the head's
+        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()  # only when the weight is not
     architecture = type(model).__name__ if task else ("BertForMaskedLM" if mlm else "BertModel")
     # config.json and the weights go in together: a process killed mid-save leaves the old checkpoint
     # whole (or none), never new weights beside an old config (textfiles.atomic_dir)

@@ -103,6 +103,59 @@ def test_heads_equal_transformers_and_checkpoints_go_both_ways(pretraining_dir, 
     assert classifier(**batch).logits.shape == (3, 2) and 0.015 < float(classifier.bert.pooler.dense.weight.detach().std()) < 0.025
 
 
+def test_an_untied_decoder_equals_transformers_and_goes_both_ways(tmp_path):
+    """tie_word_embeddings=false (the --untied ablation): transformers' checkpoint (its own
+    cls.predictions.decoder.weight) loads to the same logits, loss and gradients, ours saves back to the same
+    tensors, a run's scores come from the decoder, not the embeddings, and a tied config refuses a decoder
+    that differs from the embeddings."""
+    from safetensors.torch import load_file, save_file
+
+    from minibert import BertConfig
+
+    batch, labels, _ = _batch(vocab=120, seed=3)
+    small = TINY | dict(vocab_size=120)
+    theirs = random_hf_model(hf_config(**small, tie_word_embeddings=False), seed=5, cls=transformers.BertForMaskedLM)
+    theirs.save_pretrained(tmp_path / "hf")
+    decoder = theirs.cls.predictions.decoder.weight
+    assert not torch.equal(decoder, theirs.bert.embeddings.word_embeddings.weight)
+    ours = BertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert ours.config.tie_word_embeddings is False and torch.equal(ours.bert.mlm_head.decoder, decoder)
+    a, b = ours(**batch, labels=labels, return_logits=True), theirs(**batch, labels=labels)
+    assert (a.logits - b.logits).abs().max() <= 1e-5 and abs(a.loss.item() - b.loss.item()) <= 1e-5
+    a.loss.backward()
+    b.loss.backward()
+    assert torch.allclose(ours.bert.mlm_head.decoder.grad, decoder.grad, atol=1e-7, rtol=1e-5)
+    assert torch.allclose(ours.bert.embeddings.word.weight.grad, theirs.bert.embeddings.word_embeddings.weight.grad,
+                          atol=1e-7, rtol=1e-5)
+    ours.save_pretrained(tmp_path / "ours")
+    saved, original = load_file(str(tmp_path / "ours" / "model.safetensors")), load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["tie_word_embeddings"] is False
+    assert sorted(saved) == sorted(k for k in original if "position_ids" not in k)
+    # transformers 5 scores an untied head with the decoder's own bias (cls.predictions.bias is then unused):
+    # that one is read, and written under both names
+    assert all(torch.equal(saved[k], original[k]) for k in saved if k != "cls.predictions.bias")
+    assert torch.equal(saved["cls.predictions.bias"], original["cls.predictions.decoder.bias"])
+    back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+    assert (back(**batch).logits - b.logits).abs().max() == 0
+    assert (BertModel.from_pretrained(tmp_path / "ours").mlm_logits(a.hidden_states[-1]) - a.logits).abs().max() == 0
+    fresh = BertForMaskedLM.from_config(BertConfig(**small, tie_word_embeddings=False), seed=0)
+    tied = BertForMaskedLM.from_config(BertConfig(**small), seed=0)
+    assert 0.015 < float(fresh.bert.mlm_head.decoder.detach().std()) < 0.025
+    assert all(torch.equal(p, tied.bert.state_dict()[k]) for k, p in fresh.bert.state_dict().items()
+               if not k.startswith("mlm_head.decoder"))  # the encoder and head start as the tied model's
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    del config["tie_word_embeddings"]  # now it says tied, but the decoder is not the embeddings
+    (tmp_path / "ours" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="differs from"):
+        BertForMaskedLM.from_pretrained(tmp_path / "ours")
+    saved.pop("cls.predictions.decoder.weight")
+    save_file(saved, str(tmp_path / "ours" / "model.safetensors"))
+    config["tie_word_embeddings"] = False
+    (tmp_path / "ours" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="missing tensor.*cls.predictions.decoder.weight"):
+        BertForMaskedLM.from_pretrained(tmp_path / "ours")
+
+
 def test_a_checkpoint_without_heads_gets_fresh_ones_and_says_so(minilm_dir):
     with pytest.warns(UserWarning, match=r"no masked-LM head .* fresh one, seed 3"):
         mlm = BertForMaskedLM.from_pretrained(minilm_dir, seed=3)
@@ -379,6 +432,7 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
                             "--hidden 100 is not divisible by --heads 3"),
                            (["--geometry", "tiny"], "give --vocab FOLDER"),
                            (["--model", str(minilm_dir), "--geometry", "tiny"], "leave out --geometry"),
+                           (["--model", str(minilm_dir), "--untied"], "--untied makes a new decoder from scratch"),
                            (["--geometry", "tiny", "--vocab", str(minilm_dir), "--eval-every", "2"], "--eval-every needs --eval-texts")):
         assert message in cli_error(capsys, *base, *extra)
     line = cli_error(capsys, "pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "run"),

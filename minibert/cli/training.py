@@ -337,6 +337,8 @@ def add_pretrain(sub) -> None:
     start.add_argument("--heads", type=positive_int, help="from scratch: attention heads (default hidden / 64)")
     start.add_argument("--intermediate", type=positive_int, help="from scratch: FFN width (default 4 x hidden)")
     start.add_argument("--vocab", help="from scratch: a folder with vocab.txt (and tokenizer_config.json)")
+    start.add_argument("--untied", action="store_true", help="from scratch: a masked-LM decoder of its own instead of "
+                       "the word embeddings (not BERT: an ablation, see the pre-training results page)")
     run = p.add_argument_group("the run")
     run.add_argument("--max-length", type=positive_int, default=128, help="tokens an example (default 128)")
     budget = run.add_mutually_exclusive_group()
@@ -389,7 +391,7 @@ def cmd_pretrain(args) -> int:
                               max_length=args.max_length, nsp=args.nsp, whole_word=args.whole_word, mask=args.mask,
                               config=config, eval_texts=args.eval_texts, mix=args.mix, dropout=args.dropout,
                               resume=args.resume, teacher=args.teacher, temperature=args.temperature, alpha=args.alpha,
-                              log=log)
+                              untied=args.untied, log=log)
     described = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
     print(f"pre-trained {summary['steps']} steps ({described}); wrote {args.out}: the model, its tokenizer, "
           "checkpoints/, log.jsonl")

@@ -32,6 +32,7 @@ from ..errors import InputError
 from ..loading import load_pretraining_model, save_model
 from ..model import MaskedLMHead
 from .bert import BertModel
+from ..untied import UntiedMaskedLMHead
 from .heads import fresh_pooler, init_head
 
 
@@ -52,11 +53,13 @@ class PreTrainingOutput:
 
 def fresh_mlm_head(config: BertConfig, generator: torch.Generator) -> MaskedLMHead:
     """A new masked-LM head as BERT initialises one: transform N(0, 0.02), zero biases, LayerNorm = identity."""
-    head = MaskedLMHead(config)
+    head = (MaskedLMHead if config.tie_word_embeddings else UntiedMaskedLMHead)(config)  # BERT's, or untied.py's
     init_head(head.transform, generator)
     with torch.no_grad():
         head.bias.zero_()
         head.norm.reset_parameters()
+        if not config.tie_word_embeddings:  # an untied decoder (untied.py): N(0, 0.02) as well
+            head.decoder.normal_(0.0, 0.02, generator=generator)
     return head
 
 
@@ -187,7 +190,8 @@ def _add_fresh(model, fresh: list[str], seed: int, source) -> None:
     config = model.config
     if model.bert.mlm_head is None:
         model.bert.mlm_head = fresh_mlm_head(config, generator).to(device=device, dtype=dtype)
-        fresh.insert(0, "masked-LM head (cls.predictions: transform N(0, 0.02), decoder tied to the word embeddings)")
+        decoder = "tied to the word embeddings" if config.tie_word_embeddings else "untied, N(0, 0.02)"
+        fresh.insert(0, f"masked-LM head (cls.predictions: transform N(0, 0.02), decoder {decoder})")
     if isinstance(model, BertForPreTraining):
         if model.bert.pooler is None:
             model.bert.pooler = fresh_pooler(model.bert, generator)

@@ -57,7 +57,7 @@ def parameter_counts(model_or_config) -> dict:
         counts.update({f"block.{name}": _numel(block.get_submodule(name)) for name in BLOCK_PARTS})
     counts["blocks"] = _numel(model.encoder)
     counts["pooler"] = _numel(model.pooler) if model.pooler is not None else 0
-    if getattr(model, "mlm_head", None) is not None:  # its decoder weight is the word embeddings (tied)
+    if getattr(model, "mlm_head", None) is not None:  # tied: its decoder is the word embeddings; untied: counted here
         counts["mlm_head"] = _numel(model.mlm_head)
     counts["total"] = _numel(model)
     counts["non_embedding"] = counts["blocks"] + counts["pooler"]

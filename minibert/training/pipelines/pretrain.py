@@ -60,13 +60,15 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                     nsp: bool = False, whole_word: bool = False, mask: float = 0.15,
                     config: PretrainConfig = PretrainConfig(steps=1000), eval_texts=None, mix: str | None = None,
                     dropout: float | None = None, resume: bool = False, store=None, teacher=None,
-                    temperature: float = 2.0, alpha: float = 0.5, log: Callable[[str], None] | None = None) -> dict:
+                    temperature: float = 2.0, alpha: float = 0.5, untied: bool = False,
+                    log: Callable[[str], None] | None = None) -> dict:
     """The whole command (see the module docstring). ``dropout``: every dropout of the model at this
     probability while it trains (None: the config's, 0.1 from scratch). ``store``: the corpus' token store
     folder (default OUT/store; runs on one corpus and vocabulary can share one). ``teacher``: a masked-LM
     folder (or ``BertForMaskedLM``) the model also learns from, DistilBERT's way
-    (``distill.MaskedLMDistiller`` with ``temperature`` and ``alpha``; not with NSP). Returns
-    ``pretrain``'s summary."""
+    (``distill.MaskedLMDistiller`` with ``temperature`` and ``alpha``; not with NSP). ``untied``: from
+    scratch, a masked-LM decoder of its own instead of the word embeddings (``untied.py``; not BERT,
+    an ablation). Returns ``pretrain``'s summary."""
     from ...checks import check_fraction
     from ...models.pretraining import BertForMaskedLM, BertForPreTraining
 
@@ -87,6 +89,9 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     files = corpus_files(corpus)
     cls = BertForPreTraining if nsp else BertForMaskedLM
     scratch = model is None
+    if untied and not scratch:
+        raise InputError("--untied makes a new decoder from scratch: a continued model keeps its checkpoint's head "
+                         "(config.json's tie_word_embeddings)")
     if scratch:
         if vocab is None:
             raise InputError("from scratch, give --vocab FOLDER (a vocab.txt and tokenizer_config.json, e.g. "
@@ -94,6 +99,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
         tokenizer = BertTokenizer.from_pretrained(vocab)
         bert_config = geometry_config(len(tokenizer.vocab), geometry=geometry, layers=layers, hidden=hidden,
                                       heads=heads, intermediate=intermediate)
+        bert_config = dataclasses.replace(bert_config, tie_word_embeddings=not untied)
     else:
         if any(v is not None for v in (geometry, layers, hidden, heads, intermediate, vocab)):
             raise InputError("--model continues a checkpoint (its geometry and vocabulary): leave out --geometry, "
@@ -129,7 +135,8 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
         if log is not None:
             log(f"from scratch: {bert_config.num_hidden_layers} x {bert_config.hidden_size}, "
                 f"{bert_config.num_attention_heads} heads, FFN {bert_config.intermediate_size}, vocabulary "
-                f"{bert_config.vocab_size:,} ({sum(p.numel() for p in net.parameters()):,} parameters)")
+                f"{bert_config.vocab_size:,}{', untied decoder' if untied else ''} "
+                f"({sum(p.numel() for p in net.parameters()):,} parameters)")
     else:
         net = cls.from_pretrained(model, seed=config.seed).train()
         if net.config.max_position_embeddings < max_length:
