@@ -546,7 +546,11 @@ def untied_markdown(results: dict) -> list[str]:
            "embeddings learn only from the words read, not from every softmax step. Not BERT: the test of the cause "
            "above.", "",
            f"Held-out masked-LM loss {last['eval_loss']:.3f} (tied: {tied_last['eval_loss']:.3f}), masked-token "
-           f"accuracy {last['masked_accuracy']:.3f} (tied: {tied_last['masked_accuracy']:.3f}).", "",
+           f"accuracy {last['masked_accuracy']:.3f} (tied: {tied_last['masked_accuracy']:.3f}). Held-out loss by step, "
+           "untied / tied: " + "; ".join(f"{x['step']:,}: {x['eval_loss']:.3f} / {t['eval_loss']:.3f}"
+                                         for x, t in zip(u["evals"], tied_evals) if x["step"] == t["step"]
+                                         and x["step"] % (len(u["evals"]) // 4 * (u["evals"][0]["step"])) == 0)
+           + ".", "",
            f"![the untied run's losses and accuracy](../../docs/img/{args_name(results)}_untied_run.png)", "",
            "| occurrences in the training text | words | tied embeddings cosine / length | untied embeddings cosine / "
            "length | untied decoder cosine / length |", "|---|---|---|---|---|"]
@@ -555,6 +559,13 @@ def untied_markdown(results: dict) -> list[str]:
         out.append(f"| {band} | {b['words']:,} | " + " | ".join(
             f"{b[n]['mean_cosine']:.3f} / {b[n]['mean_norm']:.2f}" for n in ("tied", "untied: embeddings", "untied: decoder"))
             + " |")
+    rare = [b for b in u["bands"] if b["high"] is not None and b["high"] <= 100]
+    if rare:
+        cos = {n: [b[n]["mean_cosine"] for b in rare] for n in ("tied", "untied: embeddings", "untied: decoder")}
+        out += ["", f"Read: among the words seen fewer than 100 times the untied model's input embeddings stay at a mean "
+                f"cosine of {max(cos['untied: embeddings']):.3f} or less (tied: {min(cos['tied']):.2f} or more), while "
+                f"its decoder's rows of those words reach {min(cos['untied: decoder']):.2f}-{max(cos['untied: decoder']):.2f}: "
+                "the collapse moved to the matrix that only scores words, which fine-tuning drops."]
     tied_probe = results.get("downstream", {}).get("rows", {})
     out += ["", "UPOS probe by hidden state (0 = embeddings): " + ", ".join(f"{a:.3f}" for a in u["upos_accuracy"])
             + f"; best selectivity {max(u['upos_selectivity']):.3f}"
@@ -583,7 +594,7 @@ def untied_markdown(results: dict) -> list[str]:
     return out
 
 
-def embeddings_markdown(e: dict) -> list[str]:
+def embeddings_markdown(e: dict, ablated: bool = False) -> list[str]:
     out = ["## Why: the rare words' embeddings collapsed", "",
            "The run's word embeddings by how often each word occurs in its training text: the mean cosine between "
            "500 words of a band (0: as different as random vectors; 1: one vector) and their mean length, beside "
@@ -610,8 +621,9 @@ def embeddings_markdown(e: dict) -> list[str]:
                 "other rare words, and they drift together (the representation degeneration of Gao et al. 2019). "
                 "Random init keeps every word distinct, and a question's class often hangs on one content word "
                 "(what *city*, which *year*, what *disease*): lexical identity the pre-trained model has given up. "
-                "The cause is read from the measurements, not tested by an ablation (an untied decoder, a "
-                "vocabulary fitted to the corpus)."]
+                + ("The ablation below (an untied decoder) tests that cause." if ablated else
+                   "The cause is read from the measurements, not tested by an ablation (an untied decoder, a "
+                   "vocabulary fitted to the corpus).")]
     if e.get("trajectory"):
         keys = [f"{low}..{high}" for low, high in BANDS[:3]]
         labels = [f">= {low:,}" if high is None else f"{low:,}-{high - 1:,}" for low, high in BANDS[:3]]
@@ -822,7 +834,7 @@ def markdown(results: dict) -> str:
     if "sweep" in results:
         out += sweep_markdown(results["sweep"])
     if "embeddings" in results:
-        out += embeddings_markdown(results["embeddings"])
+        out += embeddings_markdown(results["embeddings"], ablated="untied" in results)
     if "untied" in results:
         out += untied_markdown(results)
     if "continued" in results:
