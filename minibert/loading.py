@@ -443,8 +443,8 @@ def save_model(model, directory) -> None:
         assert tuple(tensor.shape) == shape, (ours, tuple(tensor.shape), shape)
         state[theirs] = tensor.detach().to("cpu").contiguous()
     assert not params, f"parameters with no checkpoint name: {sorted(params)}"
-    if mlm and not encoder.config.tie_word_embeddings:  # transformers ties the decoder's bias to the head's
-        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()  # only when the weight is not
+    if mlm and not encoder.config.tie_word_embeddings:  # untied, transformers (5) scores with the decoder's own
+        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()  # bias: the one bias, twice
     architecture = type(model).__name__ if task else ("BertForMaskedLM" if mlm else "BertModel")
     # config.json and the weights go in together: a process killed mid-save leaves the old checkpoint
     # whole (or none), never new weights beside an old config (textfiles.atomic_dir)

@@ -31,8 +31,8 @@ from ..config import BertConfig
 from ..errors import InputError
 from ..loading import load_pretraining_model, save_model
 from ..model import MaskedLMHead
-from .bert import BertModel
 from ..untied import UntiedMaskedLMHead
+from .bert import BertModel
 from .heads import fresh_pooler, init_head
 
 
