@@ -28,7 +28,7 @@ from minibert.training.distill import init_student
 from minibert.training.lora import apply_lora, merge_lora
 
 KINDS = ["plain", "int8", "lora", "lora_merged", "task_head", "student", "early_exit", "transformers", "bf16",
-         "adapters", "prefix"]
+         "adapters", "prefix", "untied_mlm"]
 
 
 def tiny_config(**labels) -> BertConfig:
@@ -73,6 +73,11 @@ def make(kind: str):
         return TransformersBertModel.from_model(plain)
     if kind == "bf16":
         return plain.to(torch.bfloat16)
+    if kind == "untied_mlm":  # the encoder of a masked LM with an untied decoder (untied.py), its head on
+        from minibert.models.pretraining import BertForMaskedLM
+
+        torch.manual_seed(0)
+        return perturbed(BertForMaskedLM.from_config(dataclasses.replace(tiny_config(), tie_word_embeddings=False)).bert)
     if kind in ("adapters", "prefix"):  # task modules (training.adapters): three on the base, one active
         from minibert.training.adapters import add_adapter, set_active
 
@@ -229,6 +234,10 @@ def tool_save_load(model, kind, batch, tokenizer, tmp_path):
     model.save_pretrained(tmp_path)
     again = BertModel.from_pretrained(tmp_path, dtype=model.dtype)
     assert torch.equal(readable(again, batch).last_hidden_state, readable(model, batch).last_hidden_state)
+    if model.mlm_head is not None:  # a masked LM's head comes back as it was (an untied one with its decoder)
+        h = readable(model, batch).last_hidden_state
+        assert type(again.mlm_head) is type(model.mlm_head)
+        assert torch.equal(again.mlm_logits(h), model.mlm_logits(h))
 
 
 def tool_transformers_view(model, kind, batch, tokenizer):
