@@ -513,7 +513,7 @@ def part_untied(args, work, results):
     scratch = {}
     part_run(same, work, scratch)
     run = ROOT / scratch["run"]["folder"]
-    random_dir = random_init_folder(ROOT / tied["folder"])  # the sweep's baseline: the same encoder?
+    random_dir = random_init_folder(ROOT / tied["folder"])  # the sweep's baseline: the untied run's start, asserted
     config = BertConfig.from_json_file(run / "config.json")
     fresh = BertForMaskedLM.from_config(config, seed=0).bert.state_dict()
     baseline = BertModel.from_pretrained(random_dir).state_dict()
@@ -539,6 +539,8 @@ def part_untied(args, work, results):
 def untied_markdown(results: dict) -> list[str]:
     u, tied_evals = results["untied"], [x for x in results["run"]["log"] if "eval_loss" in x]
     last, tied_last = u["evals"][-1], tied_evals[-1]
+    both = [(x, t) for x, t in zip(u["evals"], tied_evals) if x["step"] == t["step"]]
+    quarter = max(1, len(both) // 4)
     sweep = results["sweep"]
     out = ["## Ablation: an untied decoder", "",
            "The same run once more -- geometry, steps, batch, learning rate, dropout, precision, seed and data order "
@@ -548,9 +550,7 @@ def untied_markdown(results: dict) -> list[str]:
            f"Held-out masked-LM loss {last['eval_loss']:.3f} (tied: {tied_last['eval_loss']:.3f}), masked-token "
            f"accuracy {last['masked_accuracy']:.3f} (tied: {tied_last['masked_accuracy']:.3f}). Held-out loss by step, "
            "untied / tied: " + "; ".join(f"{x['step']:,}: {x['eval_loss']:.3f} / {t['eval_loss']:.3f}"
-                                         for x, t in zip(u["evals"], tied_evals) if x["step"] == t["step"]
-                                         and x["step"] % (len(u["evals"]) // 4 * (u["evals"][0]["step"])) == 0)
-           + ".", "",
+                                         for x, t in both[quarter - 1::quarter]) + ".", "",
            f"![the untied run's losses and accuracy](../../docs/img/{args_name(results)}_untied_run.png)", "",
            "| occurrences in the training text | words | tied embeddings cosine / length | untied embeddings cosine / "
            "length | untied decoder cosine / length |", "|---|---|---|---|---|"]
