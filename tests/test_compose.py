@@ -76,7 +76,6 @@ def make(kind: str):
     if kind == "untied_mlm":  # the encoder of a masked LM with an untied decoder (untied.py), its head on
         from minibert.models.pretraining import BertForMaskedLM
 
-        torch.manual_seed(0)
         return perturbed(BertForMaskedLM.from_config(dataclasses.replace(tiny_config(), tie_word_embeddings=False)).bert)
     if kind in ("adapters", "prefix"):  # task modules (training.adapters): three on the base, one active
         from minibert.training.adapters import add_adapter, set_active
