@@ -441,6 +441,27 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
     assert "resume:" in line and "holds another model" in line
 
 
+def test_continuing_an_untied_run_keeps_and_trains_its_own_decoder(corpus, minilm_dir, tmp_path):
+    """--model on an --untied run's folder (bench_pretrain's ``longer`` part): the continued model is still
+    untied, and the steps train its decoder apart from the word embeddings."""
+    from safetensors.torch import load_file
+
+    from minibert.cli import main
+
+    common = ["--corpus", str(corpus / "train.txt"), "--max-length", "24", "--steps", "3", "--batch-size", "4",
+              "--lr", "2e-3", "--quiet"]
+    assert main(["pretrain", *common, "--out", str(tmp_path / "first"), "--layers", "1", "--hidden", "32", "--heads",
+                 "2", "--intermediate", "64", "--vocab", str(minilm_dir), "--untied"]) == 0
+    assert main(["pretrain", *common, "--out", str(tmp_path / "more"), "--model", str(tmp_path / "first"),
+                 "--seed", "1"]) == 0
+    assert json.loads((tmp_path / "more" / "config.json").read_text())["tie_word_embeddings"] is False
+    first, more = (load_file(tmp_path / name / "model.safetensors") for name in ("first", "more"))
+    decoder, embeddings = "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"
+    assert (more[decoder] - first[decoder]).abs().max() > 1e-4  # the continued steps trained it
+    assert not torch.equal(more[decoder], more[embeddings])
+    assert type(BertForMaskedLM.from_pretrained(tmp_path / "more").bert.mlm_head).__name__ == "UntiedMaskedLMHead"
+
+
 def test_snapshots_at_log_spaced_steps_and_probing_across_time(corpus, minilm_dir, tmp_path, capsys):
     """--snapshots keeps step 0 (the initialisation, bit for bit) and log-spaced steps up to the last (the
     final model, bit for bit), each loadable alone; probe-over-time probes every layer of each and measures
