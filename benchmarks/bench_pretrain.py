@@ -580,7 +580,8 @@ def part_longer(args, work, results):
                          "minutes": training_minutes({"batch": first["batch"], "log": log}),
                          "upos_accuracy": probe.accuracy, "upos_selectivity": probe.selectivity,
                          "sweep": sweep_rows("pre-trained", out, out, args, work)}
-    plot_run(log, ROOT / "docs" / "img" / f"{args.name}_longer_run.png", first["geometry"])
+    plot_run(log, ROOT / "docs" / "img" / f"{args.name}_longer_run.png", first["geometry"],
+             title=f"untied, the second cycle: steps {first['steps']:,} + 1..{steps:,}")
 
 
 def untied_markdown(results: dict) -> list[str]:
@@ -799,7 +800,7 @@ def part_continued(args, work, results):
                             "runs": runs, "rows": rows, "trec_epochs": args.epochs}
 
 
-def plot_run(log: list[dict], path: Path, geometry: str) -> None:
+def plot_run(log: list[dict], path: Path, geometry: str, title: str = "from scratch") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -816,7 +817,7 @@ def plot_run(log: list[dict], path: Path, geometry: str) -> None:
     right.plot([r["step"] for r in evals], [r["masked_accuracy"] for r in evals], "o-")
     right.set_xlabel("step")
     right.set_ylabel("held-out masked-token accuracy")
-    fig.suptitle(f"BERT-{geometry} from scratch")
+    fig.suptitle(f"BERT-{geometry} {title}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
