@@ -256,9 +256,7 @@ def part_run(args, work, results):
     started = time.perf_counter()
     summary = run_pretraining(corpus_files_for_runs(), out, geometry=args.geometry, vocab=str(MINILM),
                               max_length=128, eval_texts=fetch_data.fetch_sentences() / "held.txt",
-                              config=PretrainConfig(steps=steps, batch_size=batch, lr=args.lr, bf16=args.bf16, eval_every=max(1, steps // 20),
-                                                    save_every=max(1, steps // 10), log_every=max(1, steps // 100),
-                                                    eval_examples=256, progress=True),
+                              config=run_config(steps, batch, args.lr, args.bf16),
                               dropout=args.dropout, resume=any((out / "checkpoints").glob("step-*")),
                               untied=args.untied, log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -267,6 +265,21 @@ def part_run(args, work, results):
                       "seconds": time.perf_counter() - started, "summary": summary, "log": log,
                       "folder": str(out.relative_to(ROOT))}
     plot_run(log, ROOT / "docs" / "img" / f"{args.name}_run.png", args.geometry)
+
+
+def run_config(steps: int, batch: int, lr: float, bf16: bool, seed: int = 0):
+    """The training settings of this bench's runs: ``steps`` of ``batch`` sequences, 20 held-out evaluations
+    (256 examples), 10 checkpoints, 100 log records, a progress bar."""
+    from minibert.training.pretrain import PretrainConfig
+
+    return PretrainConfig(steps=steps, batch_size=batch, lr=lr, bf16=bf16, eval_every=max(1, steps // 20),
+                          save_every=max(1, steps // 10), log_every=max(1, steps // 100), eval_examples=256,
+                          seed=seed, progress=True)
+
+
+def batch_rows(batch) -> int:
+    """The sequences a step of a run's recorded batch ("16 x 128", or a bare count)."""
+    return int(str(batch).split()[0])
 
 
 def training_minutes(run: dict) -> float:
@@ -479,7 +492,7 @@ def part_embeddings(args, work, results):
     bands = {(r["low"], r["high"]): r for r in rows}
     trajectory = []
     folders = [(ROOT / e["folder"], e.get("batch", 32)) for e in results.get("stopped_runs", [])]
-    folders.append((run, int(str(results["run"]["batch"]).split()[0])))
+    folders.append((run, batch_rows(results["run"]["batch"])))
     for folder, batch in folders:
         for checkpoint in sorted((folder / "checkpoints").glob("step-*")):
             table = embeddings(checkpoint)
@@ -512,7 +525,7 @@ def part_untied(args, work, results):
         raise SystemExit("part untied compares with the tied run's sweep and embeddings: run those parts first")
     tied = results["run"]
     same = argparse.Namespace(**{**vars(args), "untied": True, "geometry": tied["geometry"], "steps": tied["steps"],
-                                 "batch": int(str(tied["batch"]).split()[0]), "lr": tied["lr"], "bf16": tied["bf16"],
+                                 "batch": batch_rows(tied["batch"]), "lr": tied["lr"], "bf16": tied["bf16"],
                                  "dropout": tied["dropout"], "name": f"{args.name}_untied"})
     scratch = {}
     part_run(same, work, scratch)
@@ -551,7 +564,7 @@ def part_longer(args, work, results):
     from minibert.models import BertModel
     from minibert.textfiles import read_conllu
     from minibert.training.pipelines.pretrain import run_pretraining
-    from minibert.training.pretrain import PretrainConfig, checkpoints
+    from minibert.training.pretrain import checkpoints
 
     import fetch_data
 
@@ -560,14 +573,11 @@ def part_longer(args, work, results):
     first = results["untied"]["run"]
     start = ROOT / first["folder"]
     out = start.parent / f"{start.name}-plus{args.more_steps}"
-    steps, batch = args.more_steps, int(str(first["batch"]).split()[0])
+    steps, batch, seed = args.more_steps, batch_rows(first["batch"]), 1
     if not (out / "pretrain.json").exists():
         run_pretraining(corpus_files_for_runs(), out, model=str(start), max_length=128, store=start / "store",
                         eval_texts=fetch_data.fetch_sentences() / "held.txt",
-                        config=PretrainConfig(steps=steps, batch_size=batch, lr=first["lr"], bf16=first["bf16"],
-                                              eval_every=max(1, steps // 20), save_every=max(1, steps // 10),
-                                              log_every=max(1, steps // 100), eval_examples=256, seed=1,
-                                              progress=True),
+                        config=run_config(steps, batch, first["lr"], first["bf16"], seed=seed),
                         dropout=first["dropout"], resume=bool(checkpoints(out)), log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     tokenizer = BertTokenizer.from_pretrained(out)
@@ -576,7 +586,7 @@ def part_longer(args, work, results):
     print(f"  longer: UPOS {[round(a, 3) for a in probe.accuracy]}", flush=True)
     results["longer"] = {"start": first["folder"], "folder": str(out.relative_to(ROOT)), "steps": steps,
                          "batch": first["batch"], "lr": first["lr"], "bf16": first["bf16"], "dropout": first["dropout"],
-                         "seed": 1, "evals": [x for x in log if "eval_loss" in x],
+                         "seed": seed, "evals": [x for x in log if "eval_loss" in x],
                          "minutes": training_minutes({"batch": first["batch"], "log": log}),
                          "upos_accuracy": probe.accuracy, "upos_selectivity": probe.selectivity,
                          "sweep": sweep_rows("pre-trained", out, out, args, work)}
@@ -662,7 +672,7 @@ def longer_markdown(results: dict) -> list[str]:
            f"{g['minutes']:.0f} minutes): a second cycle of the same schedule (warmup over 6 % of the steps to peak "
            f"learning rate {g['lr']:g}, linear decay to 0) with a fresh AdamW, the same dropout and precision, and "
            f"seed {g['seed']} so the data order and masks differ from the first cycle's; {total:,} steps in all "
-           f"({total * int(g['batch'].split(' x ')[0]) * 128 / 1e6:.1f}M tokens). Measured as above: the same "
+           f"({total * batch_rows(g['batch']) * 128 / 1e6:.1f}M tokens). Measured as above: the same "
            "held-out examples and masks, the UPOS probe, the TREC-6 sweep against the same random init.", "",
            f"Held-out masked-LM loss {last['eval_loss']:.3f} (perplexity {last['perplexity']:.0f}), masked-token "
            f"accuracy {last['masked_accuracy']:.3f}; after the first cycle {first['eval_loss']:.3f} "
@@ -880,7 +890,7 @@ def markdown(results: dict) -> str:
                 f"{0.1 if e['dropout'] is None else e['dropout']:g}, stayed on the unigram plateau: held-out loss "
                 f"{last.get('eval_loss', float('nan')):.3f}, masked-token accuracy {last.get('masked_accuracy', float('nan')):.3f}"
                 + (f"; TREC-6 {trec}." if trec else "."), ""]
-    run_batch = int(str(results.get("run", {}).get("batch", "32")).split()[0])
+    run_batch = batch_rows(results.get("run", {}).get("batch", "32"))
     for e in results.get("stopped_runs", []):
         last = e["last_eval"] or {}
         finished = [x for x in results.get("run", {}).get("log", []) if "eval_loss" in x]
