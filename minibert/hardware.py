@@ -10,6 +10,7 @@ once per process and dtype when a model is put in such a dtype on such a CPU.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import warnings
 
@@ -87,3 +88,31 @@ def warn_if_slow(dtype: torch.dtype, device, stacklevel: int = 2) -> None:
                   f"instructions (no {wanted} flag): PyTorch emulates them, which is about 3-8x slower than "
                   "fp32 (measured on BERT-base). Use fp32 here, or a CPU with those instructions",
                   RuntimeWarning, stacklevel=stacklevel + 1)
+
+
+def training_device(device=None, option: str = "--device") -> torch.device:
+    """Where a training run puts its model: ``device`` as PyTorch spells it ("cpu", "cuda", "cuda:1"); None is
+    the CPU. Under torchrun a bare "cuda" is this process's GPU (cuda:LOCAL_RANK). A device this machine does
+    not have is refused with one line that names ``option``, before any work."""
+    from .errors import InputError
+
+    if device is None:
+        return torch.device("cpu")
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"{option} {device!r} is not a device: use cpu, cuda or cuda:N") from None
+    if chosen.type == "cpu":
+        return chosen
+    if chosen.type != "cuda":
+        raise InputError(f"{option} {device!r}: minibert trains on cpu or cuda")
+    if not torch.cuda.is_available():
+        raise InputError(f"{option} {device!r}: PyTorch sees no CUDA device on this machine (torch "
+                         f"{torch.__version__}, torch.cuda.is_available() is False): use --device cpu")
+    count = torch.cuda.device_count()
+    index = chosen.index if chosen.index is not None else int(os.environ.get("LOCAL_RANK", "0"))
+    if index >= count:
+        raise InputError(f"{option} {device!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}"
+                         + (f" (LOCAL_RANK is {index})" if chosen.index is None else ""))
+    torch.cuda.set_device(index)  # NCCL and the autocast / GradScaler state follow the current device
+    return torch.device("cuda", index)

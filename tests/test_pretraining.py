@@ -410,7 +410,7 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
     assert main(["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "run"), "--geometry",
                  "tiny", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "6", "--batch-size", "8",
                  "--eval-texts", str(corpus / "held.txt"), "--eval-every", "3", "--log-every", "3", "--save-every", "3",
-                 "--quiet"]) == 0
+                 "--device", "cpu", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "pre-trained 6 steps" in printed and "perplexity" in printed
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
@@ -433,8 +433,17 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
                            (["--geometry", "tiny"], "give --vocab FOLDER"),
                            (["--model", str(minilm_dir), "--geometry", "tiny"], "leave out --geometry"),
                            (["--model", str(minilm_dir), "--untied"], "--untied makes a new decoder from scratch"),
-                           (["--geometry", "tiny", "--vocab", str(minilm_dir), "--eval-every", "2"], "--eval-every needs --eval-texts")):
+                           (["--geometry", "tiny", "--vocab", str(minilm_dir), "--eval-every", "2"], "--eval-every needs --eval-texts"),
+                           (["--geometry", "tiny", "--vocab", str(minilm_dir), "--fp16"], "--fp16 needs a CUDA device"),
+                           (["--geometry", "tiny", "--vocab", str(minilm_dir), "--device", "gpu0"],
+                            "--device 'gpu0' is not a device: use cpu, cuda or cuda:N"),
+                           (["--geometry", "tiny", "--vocab", str(minilm_dir), "--device", "meta"],
+                            "--device 'meta': minibert trains on cpu or cuda")):
         assert message in cli_error(capsys, *base, *extra)
+    if not torch.cuda.is_available():
+        assert "PyTorch sees no CUDA device" in cli_error(capsys, *base, "--geometry", "tiny", "--vocab", minilm_dir,
+                                                          "--device", "cuda")
+    assert not (tmp_path / "bad").exists()  # each refused before any work
     line = cli_error(capsys, "pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "run"),
                      "--layers", "2", "--hidden", "64", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "6",
                      "--batch-size", "8", "--save-every", "3", "--resume", "--quiet")
@@ -502,3 +511,34 @@ def test_snapshots_at_log_spaced_steps_and_probing_across_time(corpus, minilm_di
         probe_over_time([(0, found[0][1])], read_conllu(sample))
     line = cli_error(capsys, "probe-over-time", str(tmp_path / "init"), str(sample))
     assert "at least 2 snapshots" in line and "--snapshots" in line
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on a GPU machine)")
+def test_pretraining_and_finetuning_on_cuda(corpus, minilm_dir, tmp_path):
+    """--device cuda: the same run as on the CPU (same init, data and masks) reaches the same losses within
+    fp32 reduction-order noise; fp16 with loss scaling and bf16 train; the checkpoints load on the CPU; a
+    classifier fine-tunes there too."""
+    from minibert.cli import main
+    from minibert.models.heads import BertForSequenceClassification
+
+    common = ["pretrain", "--corpus", str(corpus / "train.txt"), "--vocab", str(minilm_dir), "--layers", "2",
+              "--hidden", "64", "--heads", "2", "--max-length", "32", "--steps", "8", "--batch-size", "8",
+              "--log-every", "2", "--dropout", "0", "--quiet"]
+    for name, extra in (("cpu", ["--device", "cpu"]), ("cuda", ["--device", "cuda"]),
+                        ("fp16", ["--device", "cuda", "--fp16"]), ("bf16", ["--device", "cuda:0", "--bf16"])):
+        assert main([*common, "--out", str(tmp_path / name), *extra]) == 0
+    losses = {name: [r["loss"] for r in map(json.loads, (tmp_path / name / "log.jsonl").read_text().splitlines())]
+              for name in ("cpu", "cuda", "fp16", "bf16")}
+    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-3)
+    for half in ("fp16", "bf16"):
+        assert all(math.isfinite(x) for x in losses[half])
+        assert losses[half] == pytest.approx(losses["cpu"], rel=0.05)
+    model = BertForMaskedLM.from_pretrained(tmp_path / "fp16")
+    assert next(model.parameters()).device.type == "cpu"
+    labelled = tmp_path / "labelled.csv"
+    rows = [f"{t},{'yes' if i % 2 else 'no'}" for i, t in enumerate(["a good day", "a bad day", "fine work", "poor work"] * 4)]
+    labelled.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    assert main(["finetune", "--model", str(tmp_path / "cuda"), "--train", str(labelled), "--eval", str(labelled),
+                 "--out", str(tmp_path / "classifier"), "--epochs", "1", "--device", "cuda", "--quiet"]) == 0
+    classifier = BertForSequenceClassification.from_pretrained(tmp_path / "classifier")
+    assert next(classifier.parameters()).device.type == "cpu" and classifier.config.num_labels == 2

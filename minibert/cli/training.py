@@ -28,6 +28,7 @@ def add_finetune(sub) -> None:
                    default="full", help="adapter, prefix and lora train a task module on the frozen base and write "
                                         "it alone with the head (KB to a few MB; `minibert predict` takes it)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    p.add_argument("--device", help="where to train: cpu (default), cuda or cuda:N")
     p.add_argument("--lora-rank", type=positive_int, default=8, help="--recipe lora: the rank r (alpha = 2r)")
     p.add_argument("--lora-targets", default="query,value",
                    help="--recipe lora: the linear layers to adapt, comma-separated: query, key, value, output "
@@ -55,7 +56,7 @@ def cmd_finetune(args) -> int:
                        recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
                        lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")],
                        layerdrop=args.layerdrop, merge_lora=args.merge_lora, adapter_kind=args.adapter_kind,
-                       adapter_size=args.adapter_size, prefix_length=args.prefix_length)
+                       adapter_size=args.adapter_size, prefix_length=args.prefix_length, device=args.device)
     if history.best_epoch is None:  # a torchrun process other than 0: it trained; process 0 evaluates and writes
         return 0
     what = ("the task module and its head (on the base it names)"
@@ -361,7 +362,10 @@ def add_pretrain(sub) -> None:
                      "many log-spaced steps, in OUT/snapshots/ (for minibert probe-over-time)")
     run.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines (default 10)")
     run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
-    run.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    half = run.add_mutually_exclusive_group()
+    half.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
+    half.add_argument("--fp16", action="store_true", help="fp16 autocast with loss scaling (CUDA only)")
+    run.add_argument("--device", help="where to train: cpu (default), cuda or cuda:N")
     run.add_argument("--dropout", type=non_negative_float, help="every dropout at this probability while training "
                      "(default: the model's, 0.1 from scratch; 0 turns it off)")
     run.add_argument("--teacher", help="a masked-LM folder to distil from while pre-training (DistilBERT: its soft "
@@ -382,7 +386,7 @@ def cmd_pretrain(args) -> int:
         raise InputError("--eval-every needs --eval-texts (held-out text to evaluate on)")
     config = PretrainConfig(steps=args.steps, tokens=args.tokens, batch_size=args.batch_size, accumulate=args.accumulate,
                             lr=args.lr, warmup=args.warmup, schedule=args.schedule, bf16=args.bf16,
-                            eval_every=args.eval_every, save_every=args.save_every, keep=args.keep,
+                            fp16=args.fp16, eval_every=args.eval_every, save_every=args.save_every, keep=args.keep,
                             snapshots=args.snapshots or 0,
                             log_every=args.log_every, seed=args.seed, progress=not args.quiet)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
@@ -391,7 +395,7 @@ def cmd_pretrain(args) -> int:
                               max_length=args.max_length, nsp=args.nsp, whole_word=args.whole_word, mask=args.mask,
                               config=config, eval_texts=args.eval_texts, mix=args.mix, dropout=args.dropout,
                               resume=args.resume, teacher=args.teacher, temperature=args.temperature, alpha=args.alpha,
-                              untied=args.untied, log=log)
+                              untied=args.untied, device=args.device, log=log)
     described = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
     print(f"pre-trained {summary['steps']} steps ({described}); wrote {args.out}: the model, its tokenizer, "
           "checkpoints/, log.jsonl")

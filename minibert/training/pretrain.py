@@ -288,7 +288,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
             batch = {k: v.to(device) for k, v in examples.batch(range(lo, hi)).items()}
             nsl = batch.pop("next_sentence_label", None)
             masked = (batch["labels"] != -100).sum()
-            counts = torch.stack([masked, torch.tensor(hi - lo)]).float()
+            counts = torch.stack([masked, torch.tensor(hi - lo, device=device)]).float()
             if world > 1:
                 torch.distributed.all_reduce(counts)
             sync = micro == config.accumulate - 1 or world == 1
@@ -318,7 +318,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
         consumed += per_step
         done = step + 1
         if world > 1:
-            total = torch.tensor(step_loss)
+            total = torch.tensor(step_loss, device=device)
             torch.distributed.all_reduce(total)
             step_loss = float(total)
         window_loss, window_steps = window_loss + step_loss, window_steps + 1

@@ -25,6 +25,7 @@ import dataclasses
 from typing import Callable
 
 from ...errors import InputError
+from ...hardware import training_device
 from ...loading import copy_tokenizer, load_model
 from ...models import BertModel
 from ...models.heads import BertForSequenceClassification, BertForTokenClassification
@@ -49,17 +50,19 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
              recipe: str = "full", config: FitConfig = FitConfig(), batch_size: int = 16,
              max_length: int = 128, lora_rank: int = 8, lora_targets=("query", "value"), layerdrop: float = 0.0,
              merge_lora: bool = False, adapter_kind: str = "houlsby", adapter_size: int = 64,
-             prefix_length: int = 16, log: Callable[[str], None] | None = print) -> History:
+             prefix_length: int = 16, device=None, log: Callable[[str], None] | None = print) -> History:
     """Fine-tune ``model_source`` on ``train_path``, evaluated on ``eval_path`` after each epoch; the best
     epoch's checkpoint goes to ``out_dir``. ``layerdrop=p`` skips each block with probability p while
     training (``depth.LayerDrop``), so the result can be pruned to fewer blocks afterwards. The adapter,
     prefix and lora recipes write the task module and its head only (``training.adapters.save_adapter``;
     ``merge_lora``: lora writes the merged whole checkpoint instead). ``adapter_kind``: houlsby or pfeiffer;
-    ``adapter_size``: the bottleneck; ``prefix_length``: P."""
+    ``adapter_size``: the bottleneck; ``prefix_length``: P. ``device``: where the model trains ("cpu", "cuda",
+    "cuda:N"; None: the CPU); the checkpoint written is the same wherever it trained."""
     if task not in TASKS:
         raise InputError(f"task {task!r}: use one of {TASKS}")
     if recipe not in RECIPES:
         raise InputError(f"recipe {recipe!r}: use one of {RECIPES}")
+    where = training_device(device)  # before any work
     out_dir = check_out_dir(out_dir)
     world = ddp.world_size()  # under torchrun: batch_size is each process's share of a batch_size x world batch
     if world > 1:
@@ -119,6 +122,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
             save_adapter(m, name, directory)  # a prefix is saved flat (the MLP is for training only)
         save = save_module
 
+    model.to(where)  # after the recipe added its modules
     report = epoch_reporter(log, config.epochs)
     drop = LayerDrop(model, layerdrop, seed=config.seed) if layerdrop else None
     trained, keep = model, out_dir

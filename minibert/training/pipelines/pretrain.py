@@ -15,12 +15,14 @@ The geometries are the BERT miniatures of Turc et al. 2019 (layers x hidden, hea
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ...config import BertConfig
 from ...errors import InputError
+from ...hardware import training_device
 from ...loading import copy_tokenizer
 from ...textfiles import output_dir
 from ...tokenizer import BertTokenizer
@@ -60,7 +62,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                     nsp: bool = False, whole_word: bool = False, mask: float = 0.15,
                     config: PretrainConfig = PretrainConfig(steps=1000), eval_texts=None, mix: str | None = None,
                     dropout: float | None = None, resume: bool = False, store=None, teacher=None,
-                    temperature: float = 2.0, alpha: float = 0.5, untied: bool = False,
+                    temperature: float = 2.0, alpha: float = 0.5, untied: bool = False, device=None,
                     log: Callable[[str], None] | None = None) -> dict:
     """The whole command (see the module docstring). ``dropout``: every dropout of the model at this
     probability while it trains (None: the config's, 0.1 from scratch). ``store``: the corpus' token store
@@ -68,12 +70,16 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     folder (or ``BertForMaskedLM``) the model also learns from, DistilBERT's way
     (``distill.MaskedLMDistiller`` with ``temperature`` and ``alpha``; not with NSP). ``untied``: from
     scratch, a masked-LM decoder of its own instead of the word embeddings (``untied.py``; not BERT,
-    an ablation). Returns ``pretrain``'s summary."""
+    an ablation). ``device``: where the model trains ("cpu", "cuda", "cuda:N"; None: the CPU; fp16 needs
+    CUDA). Returns ``pretrain``'s summary."""
     from ...checks import check_fraction
     from ...models.pretraining import BertForMaskedLM, BertForPreTraining
 
-    out_dir = output_dir(out_dir)  # before any work
     config.check()
+    where = training_device(device)
+    if config.fp16 and where.type != "cuda":
+        raise InputError("--fp16 needs a CUDA device (--device cuda); on a CPU use --bf16")
+    out_dir = output_dir(out_dir)  # before any work
     rank = ddp.init()[0] if ddp.is_distributed() else 0
     if rank != 0:
         log = None  # process 0 alone speaks
@@ -110,7 +116,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                          "positions")
     if teacher is not None:  # before any work: the teacher loads and predicts this vocabulary's words
         if not isinstance(teacher, BertForMaskedLM):
-            teacher = BertForMaskedLM.from_pretrained(teacher)
+            teacher = BertForMaskedLM.from_pretrained(teacher).to(where)
         tokenizer.check_fits(teacher.config, "the teacher")
     rule = MaskingRule(probability=mask, whole_word=whole_word)
     store = _store(files, tokenizer, out_dir / "store" if store is None else Path(store), config.progress, log)
@@ -143,6 +149,9 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
             raise InputError(f"--max-length {max_length} is more than {model}'s "
                              f"{net.config.max_position_embeddings} positions")
     tokenizer.check_fits(net.config, "the model")
+    net.to(where)
+    if teacher is not None and next(teacher.parameters()).device != where:
+        teacher = copy.deepcopy(teacher).to(where)  # the caller's teacher stays where it is
     trained = net
     if teacher is not None:
         from ..distill import MaskedLMDistiller
