@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "data"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_pretrain import (RESULTS, finetune_trec, sweep_choice, sweep_margin, sweep_table,  # noqa: E402
-                            throughput_rows)
+from bench_pretrain import (RESULTS, finetune_trec, plot_run, sweep_choice, sweep_margin,  # noqa: E402
+                            sweep_table, throughput_rows)
 
 from minibert import BertTokenizer  # noqa: E402
 
@@ -220,6 +220,11 @@ def step_sweep(args, out: Path) -> None:
 def step_report(args, out: Path) -> None:
     results = {name: json.loads((out / f"{name}.json").read_text())
                for name in ("test", "throughput", "run-tied", "run-untied", "sweep") if (out / f"{name}.json").exists()}
+    results["name"] = args.name
+    for variant in ("tied", "untied"):
+        if f"run-{variant}" in results:
+            plot_run(results[f"run-{variant}"]["log"], ROOT / "docs" / "img" / f"{args.name}_{variant}_run.png", "mini",
+                     title=f"from scratch on a GPU, {variant} decoder")
     path = RESULTS / f"{args.name}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     path.with_suffix(".md").write_text(markdown(results))
@@ -227,7 +232,7 @@ def step_report(args, out: Path) -> None:
 
 
 def markdown(r: dict) -> str:
-    m = next(x["machine"] for x in r.values() if "machine" in x)
+    m = next(x["machine"] for x in r.values() if isinstance(x, dict) and "machine" in x)
     lines = ["# Pre-training on a GPU", "",
              f"Measured on one {m['gpu']} (a machine lent to one session for 15 minutes), torch {m['torch']} "
              f"(CUDA {m['cuda']}), Python {m['python']}: `python benchmarks/bench_pretrain_gpu.py` (its docstring "
@@ -293,7 +298,17 @@ def markdown(r: dict) -> str:
             evals = [e for e in x["log"] if "eval_loss" in e]
             quarter = max(1, len(evals) // 4)
             lines += ["", f"Held-out loss by step, {x['variant']}: " + "; ".join(
-                f"{e['step']:,}: {e['eval_loss']:.3f}" for e in evals[quarter - 1::quarter]) + "."]
+                f"{e['step']:,}: {e['eval_loss']:.3f}" for e in evals[quarter - 1::quarter]) + ".", "",
+                f"![the {x['variant']} run's losses and accuracy](../../docs/img/{r.get('name', 'pretrain_gpu')}_"
+                f"{x['variant']}_run.png)"]
+        gaps = {x["variant"]: [e for e in x["log"] if "eval_loss" in e][-1]["eval_loss"] - x["log"][-1]["loss"]
+                for x in runs}
+        lines += ["", "Read: at the end the training loss is " + " and ".join(
+            f"{gap:.2f} nats under the held-out loss ({v})" for v, gap in gaps.items())
+            + f": {min(x['steps'] for x in runs) * first['batch'] * 128 / first['corpus_tokens']:.0f}-"
+            f"{max(x['steps'] for x in runs) * first['batch'] * 128 / first['corpus_tokens']:.0f} passes over a "
+            f"{first['corpus_tokens'] / 1e6:.0f}M-token corpus, and the model starts to learn its text by heart. "
+            "More text, not more steps, is what the next run needs; still, the held-out loss fell to the end."]
         lines.append("")
     if "sweep" in r and "random init" in r["sweep"]["rows"]:
         s = r["sweep"]

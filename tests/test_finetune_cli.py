@@ -293,8 +293,9 @@ def test_max_length_is_checked_and_truncation_said_in_finetune_and_predict(encod
 
     line = cli_error(capsys, *base, "--max-length", "5000")
     assert "max-length" in line and "5000 is out of range: it must be an int in [3, 512]" in line
+    assert "--device 'tpu:0' is not a device: use cpu, cuda or cuda:N" in cli_error(capsys, *base, "--device", "tpu:0")
     assert not (tmp_path / "c").exists()
-    assert main(base + ["--max-length", "16"]) == 0
+    assert main(base + ["--max-length", "16", "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     assert "1 of 16 training rows (up to 32 tokens cut) and 1 of 16 held-out rows" in err and "longer than 16" in err
     (tmp_path / "new.txt").write_text("the day was great\n" + "very " * 40 + "\n", encoding="utf-8")
