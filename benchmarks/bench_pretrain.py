@@ -102,7 +102,8 @@ def throughput_rows(examples, vocab_size: int, dtypes, geometries, rounds: int, 
         ours = BertForMaskedLM.from_config(config, seed=0).train()
         theirs = transformers.BertForMaskedLM(_hf_config(config)).train()
         theirs.load_state_dict(_their_state(ours), strict=False)
-        ours.to(device), theirs.to(device)
+        ours.to(device)
+        theirs.to(device)
         batch = {k: v.to(device) for k, v in examples.batch(range(batch_rows)).items()}
         opt_a = torch.optim.AdamW(parameter_groups(ours, lr=1e-4), lr=1e-4)
         opt_b = torch.optim.AdamW(theirs.parameters(), lr=1e-4)
@@ -667,14 +668,14 @@ def untied_markdown(results: dict) -> list[str]:
     return out
 
 
-def sweep_table(rows: dict, seeds: list, every_lr: str) -> list[str]:
+def sweep_table(rows: dict, seeds: list, every_lr: str | None) -> list[str]:
     """A markdown table of TREC-6 sweep rows (name -> ``sweep_rows``'s result): every learning rate of the row
-    ``every_lr``, the chosen one of the others."""
+    ``every_lr`` (None: of every row), the chosen one of the others."""
     out = ["| model | lr | " + " | ".join(f"seed {s} dev / test" for s in seeds) + " | mean dev | mean test |",
            "|---|---|" + "---|" * len(seeds) + "---|---|"]
     for name, row in rows.items():
         for lr, runs in row["by_lr"].items():
-            if name != every_lr and lr != row["chosen_lr"]:
+            if every_lr is not None and name != every_lr and lr != row["chosen_lr"]:
                 continue
             out.append(f"| {name} | {lr}{' (chosen)' if lr == row['chosen_lr'] else ''} | "
                        + " | ".join(f"{r['dev']:.3f} / {r['test']:.3f}" for r in runs)
@@ -716,12 +717,17 @@ def longer_markdown(results: dict) -> list[str]:
     out += sweep_table({f"untied, {total:,} steps": g["sweep"], f"untied, {u['run']['steps']:,} steps": u["sweep"],
                         "random init": sweep["rows"]["random init"]}, sweep["seeds"], every_lr=f"untied, {total:,} steps")
     pre, rnd = g["sweep"], sweep["rows"]["random init"]
-    above = min(pre["test"]) > max(rnd["test"])
-    out += ["", f"Read: after {total:,} steps, " + margin_sentence(pre, rnd) + " On the dev questions that chose the "
-            f"learning rates: {sum(pre['dev']) / len(pre['dev']):.3f} against {sum(rnd['dev']) / len(rnd['dev']):.3f}; "
-            + ("every pre-trained seed is above every random-init seed on the test questions." if above else
-               "the seeds of the two overlap on the test questions."), ""]
+    out += ["", f"Read: after {total:,} steps, " + margin_sentence(pre, rnd) + " " + seeds_sentence(pre, rnd), ""]
     return out
+
+
+def seeds_sentence(pre: dict, rnd: dict) -> str:
+    """The dev accuracies that chose the learning rates, and whether the seeds of the two rows overlap."""
+    above = min(pre["test"]) > max(rnd["test"])
+    return (f"On the dev questions that chose the learning rates: {sum(pre['dev']) / len(pre['dev']):.3f} against "
+            f"{sum(rnd['dev']) / len(rnd['dev']):.3f}; "
+            + ("every pre-trained seed is above every random-init seed on the test questions." if above else
+               "the seeds of the two overlap on the test questions."))
 
 
 def gpu_pointer() -> list[str]:

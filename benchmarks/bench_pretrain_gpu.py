@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "data"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_pretrain import (RESULTS, finetune_trec, plot_run, sweep_choice, sweep_margin,  # noqa: E402
-                            sweep_table, throughput_rows)
+from bench_pretrain import (RESULTS, finetune_trec, margin_sentence, plot_run, seeds_sentence,  # noqa: E402
+                            sweep_choice, sweep_table, throughput_rows)
 
 from minibert import BertTokenizer  # noqa: E402
 
@@ -84,7 +84,7 @@ def step_prepare(args) -> None:
 
 
 def step_test(args, out: Path) -> None:
-    """The CUDA test on the carried sentences, built into documents as its fixture builds them."""
+    """The CUDA test on the carried sentences, made into documents as its fixture makes them."""
     import tempfile
 
     import test_pretraining
@@ -94,8 +94,7 @@ def step_test(args, out: Path) -> None:
         corpus = Path(tmp) / "corpus"
         corpus.mkdir()
         lines = (data / "sentences.txt").read_text(encoding="utf-8").split("\n")[:2400]
-        blocks = ["\n".join(lines[i:i + 1 + j % 4]) for j, i in enumerate(range(0, len(lines), 4))]
-        (corpus / "train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+        (corpus / "train.txt").write_text(test_pretraining.as_documents(lines), encoding="utf-8")
         started = time.time()
         (Path(tmp) / "t").mkdir()  # pytest's tmp_path exists
         test_pretraining.test_pretraining_and_finetuning_on_cuda(corpus, data / "vocab", Path(tmp) / "t")
@@ -319,23 +318,11 @@ def markdown(r: dict) -> str:
                   "questions, the best epoch and the lr chosen by mean accuracy on its 500 held-back ones, test "
                   "accuracy (500 questions) for that choice. Random init is the same geometry from BERT's "
                   "N(0, 0.02) initialisation, seed 0.", ""]
-        table = []
-        for name in s["rows"]:
-            table += sweep_table({name: s["rows"][name]}, s["seeds"], every_lr=name)[0 if not table else 2:]
-        lines += table
+        lines += sweep_table(s["rows"], s["seeds"], every_lr=None)
         rnd = s["rows"]["random init"]
         for name in [n for n in s["rows"] if n != "random init"]:
             pre = s["rows"][name]
-            margin, spread, clear = sweep_margin({"rows": {"pre-trained": pre, "random init": rnd}})
-            above = min(pre["test"]) > max(rnd["test"])
-            lines += ["", f"{name}: {100 * margin:+.1f} points over random init on the test questions "
-                      f"({sum(pre['test']) / len(pre['test']):.3f} against {sum(rnd['test']) / len(rnd['test']):.3f}; "
-                      f"dev {sum(pre['dev']) / len(pre['dev']):.3f} against {sum(rnd['dev']) / len(rnd['dev']):.3f}), "
-                      f"the larger seed range {100 * spread:.1f} points: "
-                      + ("a clear margin by the CPU page's rule (at least 2 points and twice the seed range)"
-                         if clear else "not a clear margin by the CPU page's rule (at least 2 points and twice the "
-                         "seed range)")
-                      + ("; every seed above every random-init seed." if above else "; the seeds overlap.")]
+            lines += ["", f"Read, {name}: " + margin_sentence(pre, rnd) + " " + seeds_sentence(pre, rnd)]
         lines.append("")
     return "\n".join(lines)
 

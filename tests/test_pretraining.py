@@ -45,11 +45,16 @@ def corpus(tmp_path_factory, sentences_dir):
     """Real English sentences (VADER), as documents of 1-4 sentences separated by blank lines."""
     lines = [s for s in (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n") if s.strip()][:2400]
     folder = tmp_path_factory.mktemp("corpus")
-    blocks = ["\n".join(lines[i:i + 1 + j % 4]) for j, i in enumerate(range(0, len(lines), 4))]
-    (folder / "train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+    (folder / "train.txt").write_text(as_documents(lines), encoding="utf-8")
     held = [s for s in (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n") if s.strip()][:200]
     (folder / "held.txt").write_text("\n".join(held) + "\n", encoding="utf-8")
     return folder
+
+
+def as_documents(lines: list[str]) -> str:
+    """Sentences (one a line) as a corpus file's text: documents of 1-4 sentences separated by blank lines."""
+    blocks = ["\n".join(lines[i:i + 1 + j % 4]) for j, i in enumerate(range(0, len(lines), 4))]
+    return "\n\n".join(blocks) + "\n"
 
 
 def _batch(vocab=30522, seed=0):
