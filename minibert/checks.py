@@ -33,11 +33,22 @@ def check_fraction(name: str, value, *, closed: bool = False, what: str = "") ->
     return float(value)
 
 
-def check_max_length(name: str, value, limit: int) -> int:
+SEED_LIMIT = 2**32 - 1  # numpy's generators take seeds in [0, 2**32 - 1]
+
+
+def check_seed(name: str, value) -> int:
+    """A random seed: an int in [0, 2**32 - 1] (what torch, numpy and Python all take)."""
+    return check_index(name, value, 0, SEED_LIMIT, "a seed is a non-negative integer")
+
+
+def check_max_length(name: str, value, limit: int, pair: bool = False) -> int:
     """A truncation length: an int in [3, limit] -- room for [CLS], [SEP] and one token, and no more than the
-    model's positions (``limit``: min of max_position_embeddings and the tokenizer's model_max_length). One
-    rule for every command and pipeline that truncates."""
-    return check_index(name, value, 3, limit, f"at least one token besides [CLS] and [SEP]; the model's limit is {limit}")
+    model's positions (``limit``: min of max_position_embeddings and the tokenizer's model_max_length); for
+    a pair of texts in one example ([CLS] A [SEP] B [SEP], e.g. next-sentence pre-training) one token of each,
+    so 5. One rule for every command and pipeline that truncates."""
+    low = 5 if pair else 3
+    return check_index(name, value, low, limit, f"at least one token of text besides [CLS] and [SEP]"
+                       f"{' (of each text of a pair)' if pair else ''}; the model's limit is {limit}")
 
 
 def model_limit(config, tokenizer=None) -> int:

@@ -13,12 +13,34 @@ from __future__ import annotations
 
 
 class InputError(ValueError):
-    """Something the caller gave is wrong: the message says what, and what would be right."""
+    """Something the caller gave is wrong: the message says what, and what would be right.
+
+    Where the way out differs between Python and the shell (an argument of a function, a flag of a
+    command), the error carries both: ``InputError(message, python="pass check_base=False", shell="pass
+    --skip-base-check")``. ``str(error)`` is the message with the Python advice; the command line prints
+    ``error.for_shell()``, the message with the shell's."""
+
+    def __init__(self, message: str = "", *, python: str | None = None, shell: str | None = None):
+        self.message, self.python, self.shell = message, python, shell
+        super().__init__(message + (f": {python}" if python else ""))
+
+    def for_shell(self) -> str:
+        """The message as the command line prints it: with the shell's advice (never Python's)."""
+        if self.python is None and self.shell is None:
+            return str(self)
+        return self.message + (f": {self.shell}" if self.shell else "")
 
 
 class CheckpointError(InputError):
     """A checkpoint that does not fit its config, is truncated or corrupt, or a source that holds no
     usable checkpoint."""
+
+
+class TrainingStopped(InputError):
+    """A training run stopped because it could not go on usefully: its loss or gradients became NaN or
+    infinite (beyond the steps fp16's loss scaling skips on purpose). The message names the step, what
+    was not finite, the likely cause and the last good checkpoint; nothing non-finite is saved as the
+    model."""
 
 
 class MissingExtra(ImportError):

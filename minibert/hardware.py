@@ -116,3 +116,16 @@ def training_device(device=None, option: str = "--device") -> torch.device:
                          + (f" (LOCAL_RANK is {index})" if chosen.index is None else ""))
     torch.cuda.set_device(index)  # NCCL and the autocast / GradScaler state follow the current device
     return torch.device("cuda", index)
+
+
+@functools.lru_cache(maxsize=1)
+def memory_bytes() -> int | None:
+    """This machine's memory (MemTotal of /proc/meminfo, in bytes); None where that is not known."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -302,6 +302,13 @@ def _shorten(names: list[str], limit: int = 12) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
+def read_config(source, *, revision=None) -> BertConfig:
+    """The config of a checkpoint, without its weights: what a command checks its options against before
+    any work (a size bounded by the model, a --max-length past its positions)."""
+    config_path, _ = find_checkpoint(resolve_source(source, revision=revision))
+    return BertConfig.from_json_file(config_path)
+
+
 def load_model(cls, source, *, revision=None, dtype=None, device=None, mlm_head=None):
     path = resolve_source(source, revision=revision)
     config_path, weight_files = find_checkpoint(path)

@@ -99,14 +99,16 @@ def main(argv=None) -> int:
         # at /dev/null so the interpreter's final flush cannot raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13  # killed by SIGPIPE, as a shell reports it
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C: a run that holds an output folder says where it can go on from
+        if e.args:
+            print(f"minibert: interrupted: {e.args[0]}", file=sys.stderr)
         return 130
     except FileNotFoundError as e:  # one form: what was not found, and where it was looked for
         if e.filename is not None:
             e = f"{e.filename!r} not found (looked for {os.path.abspath(os.fsdecode(e.filename))})"
         parser.exit(2, f"minibert: error: {e}\n")
     except USER_ERRORS as e:
-        parser.exit(2, f"minibert: error: {e}\n")
+        parser.exit(2, f"minibert: error: {e.for_shell() if isinstance(e, InputError) else e}\n")
     except OSError as e:  # the disk is full, a device failed, ...: about the machine, not minibert
         if e.filename is None:
             raise
