@@ -77,6 +77,20 @@ def cli_error(capsys, *args) -> str:
     return err[0]
 
 
+def usage_error(capsys, *args) -> str:
+    """Run the CLI in-process on arguments argparse itself refuses (a type or a range, before any work): it
+    must exit 2 with the usage and one 'minibert <command>: error: ...' line. Returns that line."""
+    from minibert.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage: ") and err[-1].startswith("minibert "), err
+    return err[-1]
+
+
 POS_SAMPLE = ROOT / "tests" / "data" / "pos_sample.conllu"  # a small UPOS sample (tests/data/make_pos_sample.py)
 
 

@@ -190,3 +190,31 @@ def test_the_reference_depths_equal_compute_run_is_its_equal_steps_run_measured_
     for depth in (1, 2):  # a compute run is trained when, and only when, its steps differ from the steps run's
         differs = results["runs"][f"L{depth}-compute-seed0"]["steps"] != results["runs"][f"L{depth}-steps-seed0"]["steps"]
         assert (out / "runs" / f"L{depth}-compute-seed0").exists() == differs
+
+
+def test_a_rerun_measures_new_files_and_refuses_changed_inputs_by_name(files, minilm_dir, tmp_path):
+    """A finished study rerun with a probe or a task file it was not measured with measures it on every
+    model (was: the stale table, probe and task nan); another held-out text, or other settings, are refused
+    naming each one that differs (was: "other settings", unnamed)."""
+    config = DepthStudyConfig(**{**TINY.__dict__, "seeds": (0,)})
+    out = tmp_path / "study"
+    common = dict(vocab=minilm_dir, eval_texts=files / "held.txt", log=None)
+    first = run_study([files / "train.txt"], out, config=config, **common)
+    assert all("probe_accuracy" not in r and "task_accuracy" not in r for r in first["runs"].values())
+    model = out / "runs" / "L2-steps-seed0" / "model.safetensors"
+    stamp = model.stat().st_mtime_ns
+    probed = run_study([files / "train.txt"], out, config=config, conllu=POS_SAMPLE, **common)
+    assert all(len(r["probe_accuracy"]) == r["depth"] + 1 for r in probed["runs"].values())
+    tasked = run_study([files / "train.txt"], out, config=config, task_train=files / "task_train.csv",
+                       task_eval=files / "task_eval.csv", **common)
+    assert all(0 <= r["task_accuracy"] <= 1 and "probe_accuracy" in r for r in tasked["runs"].values())
+    assert model.stat().st_mtime_ns == stamp  # measured, not trained again
+    assert json.loads((out / "study.json").read_text())["runs"] == tasked["runs"]
+    other = tmp_path / "other-held.txt"
+    other.write_text("\n".join(files.joinpath("held.txt").read_text().splitlines()[:30]) + "\n")
+    with pytest.raises(InputError, match="--eval-texts is not the file the study was measured with"):
+        run_study([files / "train.txt"], out, config=config, vocab=minilm_dir, eval_texts=other, log=None)
+    with pytest.raises(InputError, match=r"steps=4 then, 5 now; seeds=\[0\] then, \[0, 1\] now"):
+        run_study([files / "train.txt"], out, config=DepthStudyConfig(**{**config.__dict__, "steps": 5, "seeds": (0, 1)}),
+                  **common)
+    assert model.stat().st_mtime_ns == stamp

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import cli_error, hf_config, random_hf_model
+from conftest import usage_error, cli_error, hf_config, random_hf_model
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer, InputError
 from minibert.training import depth, distill
 from minibert.training.pipelines import distill as distill_pipeline
@@ -410,7 +410,6 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path, ca
                           (["--texts", str(corpus), "--student-blocks", "0,x"], "--student-blocks"),
                           (["--texts", str(corpus), "--student-blocks", "0,9"], "student blocks"),
                           (["--train", str(data), "--eval", str(data), "--group-by-length"], "embedding mode"),
-                          (["--texts", str(corpus), "--student-dropout", "1"], "dropout p must be in [0, 1), got 1.0"),
                           (["--train", str(data), "--eval", str(data), "--augment", "5"], "--augment is for"),
                           (["--texts", str(corpus), "--augment", "-1"], "augment (texts to make)"),
                           (["--train", str(data), "--eval", str(data), "--cache-teacher"], "--cache-teacher is for"),
@@ -420,6 +419,15 @@ def test_distill_cli_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path, ca
                            "cache_teacher keeps only")):
         line = cli_error(capsys, "distill", "--teacher", tiny_encoder_dir, "--out", tmp_path / "e", "--quiet", *argv)
         assert message in line, (argv, line)
+    for argv, message in ((["--texts", str(corpus), "--student-dropout", "1"], "--student-dropout: must be in [0, 1)"),
+                          (["--texts", str(corpus), "--seed", "-1"], "--seed: must be in [0, 2**32 - 1], got -1"),
+                          (["--texts", str(corpus), "--max-length", "2"], "--max-length: must be >= 3")):
+        assert message in usage_error(capsys, "distill", "--teacher", tiny_encoder_dir, "--out", tmp_path / "e", *argv)
+    for argv, flag in ((["--temperature", "3"], "--temperature"), (["--alpha", "0.2"], "--alpha"),
+                       (["--task", "tag"], "--task")):  # task mode's options, refused in embedding mode
+        line = cli_error(capsys, "distill", "--teacher", tiny_encoder_dir, "--out", tmp_path / "e", "--texts", corpus, *argv)
+        assert f"{flag} is for task mode" in line
+    assert not (tmp_path / "e").exists()  # each refused before any work
 
 
 # ------------------------------------------------------------------------------------------ LayerDrop

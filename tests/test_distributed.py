@@ -67,8 +67,10 @@ def test_ray_vectors_equal_the_single_process_encoder(local_ray, shards, minilm_
     assert sorted(ids) == expected and len(ids) == len(set(ids)) == report.rows_out  # no row lost or duplicated
     want = SentenceEncoder.from_pretrained(minilm_dir).encode([texts[i] for i in ids])
     assert vectors.shape == want.shape and np.abs(vectors - want).max() <= 1e-6
-    with pytest.raises(InputError, match="not empty"):
-        embed_dataset([str(directory)], tmp_path / "out", model=str(minilm_dir))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
+    with pytest.raises(InputError, match=r"holds a `minibert embed` run \(finished\).*--overwrite"):
+        embed_dataset([str(directory)], tmp_path / "out", model=str(minilm_dir))  # two runs' shards never mix
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()} == before
 
 
 def test_embed_cli_ray_engine(local_ray, shards, minilm_dir, tmp_path, capsys):

@@ -21,14 +21,23 @@ MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAU
 PLOT_FORMATS = ".png (150 dpi), .svg or .pdf; no suffix: .png"
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(low: int, why: str = ""):
+    """An argparse type: an integer >= low (``why``: the reason, said when it is refused)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}{f' ({why})' if why else ''}, got {value}")
+        return value
+    return parse
+
+
+positive_int = _int_at_least(1)
+#: a truncation length: ``checks.check_max_length``'s lower bound (the upper one, the model's positions, is
+#: checked once the model's config is read)
+max_length_type = _int_at_least(3, "at least one token besides [CLS] and [SEP]")
 
 
 def _number_above(low: float, strict: bool):
@@ -46,6 +55,34 @@ def _number_above(low: float, strict: bool):
 
 positive_float = _number_above(0, strict=True)
 non_negative_float = _number_above(0, strict=False)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (a seed: at most 2**32 - 1, what numpy takes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**32 - 1], got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a probability in [0, 1) (a dropout: 1 would drop everything)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value:g}")
+    return value
+
+
+RESUME_HELP = ("continue the unfinished run in --out (same settings; it ends as the uninterrupted run would have); "
+               "a finished run has nothing to resume")
+OVERWRITE_HELP = ("replace what --out holds (a model or another run): its files are deleted when the run starts, "
+                  "in one step; without it a folder that holds anything is refused")
 
 
 # -------------------------------------------------------------------------------- parent parsers
@@ -68,11 +105,11 @@ def max_length_option(default: int | None = None) -> argparse.ArgumentParser:
     cost of a step grows with it)."""
     p = _parent()
     if default is None:
-        p.add_argument("--max-length", type=positive_int, default=None,
+        p.add_argument("--max-length", type=max_length_type, default=None,
                        help="truncate texts to this many tokens, [CLS] and [SEP] included (default: the model's "
                             "limit, 512); how many texts were truncated is said on stderr")
     else:
-        p.add_argument("--max-length", type=positive_int, default=default,
+        p.add_argument("--max-length", type=max_length_type, default=default,
                        help=f"truncate texts to this many tokens, [CLS] and [SEP] included (default {default})")
     return p
 
@@ -93,7 +130,17 @@ def quiet_option(what: str = "no progress bar") -> argparse.ArgumentParser:
 
 def seed_option() -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed, an integer >= 0 (default 0)")
+    return p
+
+
+def output_folder_options(resume: bool = True) -> argparse.ArgumentParser:
+    """``--overwrite`` (and ``--resume``): what to do with an --out that holds something
+    (``outputs.RunFolder``'s rule: without them, such a folder is refused)."""
+    p = _parent()
+    if resume:
+        p.add_argument("--resume", action="store_true", help=RESUME_HELP)
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     return p
 
 
@@ -111,14 +158,11 @@ def columns_option(tags: bool = True) -> argparse.ArgumentParser:
 
 def training_options(epochs: int, batch_size: int, lr_help: str, lr_default: float | None = None,
                      max_length: int = 128) -> list[argparse.ArgumentParser]:
-    """Epochs, learning rate, batch size, max length, seed, resume: what every training command takes."""
+    """Epochs, learning rate, batch size, max length, seed, resume / overwrite: what every training command takes."""
     p = _parent()
     p.add_argument("--epochs", type=positive_int, default=epochs)
     p.add_argument("--lr", type=positive_float, default=lr_default, help=lr_help)
-    p.add_argument("--resume", action="store_true",
-                   help="continue an unfinished run in --out from its last finished epoch (same settings); "
-                        "it ends as the uninterrupted run would have")
-    return [p, batch_size_option(batch_size), max_length_option(max_length), seed_option()]
+    return [p, batch_size_option(batch_size), max_length_option(max_length), seed_option(), output_folder_options()]
 
 
 def plot_option(what: str) -> argparse.ArgumentParser:

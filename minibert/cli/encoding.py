@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..outputs import check_not_reading
 from ..textfiles import atomic_file, write_text_atomic
 from ..checks import check_max_length, model_limit
 from .common import (MODEL_HELP, batch_size_option, blank_line_error, load, max_length_option, model_option,
@@ -96,6 +97,8 @@ def add_embed(sub) -> None:
                                                 "must exist)")
     p.add_argument("--blank", choices=["error", "zeros"], default="error",
                    help="a blank line is an error (default), or gets a row of zeros")
+    p.add_argument("--overwrite", action="store_true", help="--engine ray: replace what the --out folder holds "
+                   "(without it a folder that holds anything is refused)")
     p.set_defaults(func=cmd_embed)
 
 
@@ -111,6 +114,9 @@ def cmd_embed(args) -> int:
     for name in ("workers", "threads", "address"):
         if getattr(args, name) is not None:
             raise InputError(f"--{name} is for --engine ray")
+    if args.overwrite:
+        raise InputError("--overwrite is for --engine ray (its --out is a folder); the local engine replaces its .npy "
+                         "file, in one step")
     if len(args.texts) != 1:
         raise InputError(f"the local engine embeds one file ({len(args.texts)} given); --engine ray takes shards")
     args.texts = args.texts[0]
@@ -121,6 +127,7 @@ def cmd_embed(args) -> int:
     if blank and args.blank == "error":
         raise blank_line_error(args.texts, blank)
     out_path = output_file(args.out, ".npy", "--out")
+    check_not_reading(out_path, {"--model": args.model})
     raw = [name for name, value in (("--layers", args.layers), ("--pool", args.pool), ("--combine", args.combine))
            if value is not None]
     follow = not raw and not args.ignore_folder_settings and sentence.is_sentence_folder(args.model)
@@ -182,7 +189,8 @@ def _embed_on_ray(args) -> int:
         raise InputError("--ignore-folder-settings / --blank are for the local engine (Ray reports blank texts by id)")
     workers = args.workers or 2
     report = embed_dataset(args.texts, args.out, model=args.model, workers=workers, threads=args.threads,
-                           batch_size=args.batch_size, max_tokens=args.max_tokens or 8192, address=args.address)
+                           batch_size=args.batch_size, max_tokens=args.max_tokens or 8192, address=args.address,
+                           overwrite=args.overwrite)
     print(f"wrote {report.out_dir}: {report.rows_out} vectors of {report.rows_in} texts in {report.seconds:.1f} s "
           f"({report.texts_per_second:.1f} texts/s, {workers} worker(s))")
     if report.blank:
@@ -259,6 +267,7 @@ def cmd_search(args) -> int:
     index = meta_file = None
     if args.index:
         index = output_file(args.index, ".npy", "--index")  # checked before any work
+        check_not_reading(index, {"--model": args.model}, "--index")
         meta_file = index.with_name(index.name[:-len(".npy")] + ".json")
     encoder = SentenceEncoder.from_pretrained(args.model)
     if args.max_length is not None:

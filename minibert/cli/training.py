@@ -10,9 +10,9 @@ from pathlib import Path
 
 from ..errors import InputError, MissingExtra, not_found
 from ..checks import check_max_length, model_limit
-from .common import (batch_size_option, columns_option, max_length_option, model_option, non_negative_float,
-                     output_dir, positive_float, positive_int, quiet_option, read_lines, report_truncation, seed_option,
-                     training_options)
+from .common import (OVERWRITE_HELP, batch_size_option, columns_option, fraction, max_length_option,
+                     max_length_type, model_option, non_negative_float, positive_float, positive_int, quiet_option,
+                     read_lines, report_truncation, seed_option, training_options)
 
 
 # ----------------------------------------------------------------------------------------- finetune
@@ -29,19 +29,25 @@ def add_finetune(sub) -> None:
                                         "it alone with the head (KB to a few MB; `minibert predict` takes it)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
     p.add_argument("--device", help="where to train: cpu (default), cuda or cuda:N")
-    p.add_argument("--lora-rank", type=positive_int, default=8, help="--recipe lora: the rank r (alpha = 2r)")
-    p.add_argument("--lora-targets", default="query,value",
+    p.add_argument("--lora-rank", type=positive_int,
+                   help="--recipe lora: the rank r (alpha = 2r), at most the hidden size (default 8)")
+    p.add_argument("--lora-targets",
                    help="--recipe lora: the linear layers to adapt, comma-separated: query, key, value, output "
-                        "(attention), dense_in, dense_out (feed-forward), or patterns such as '*.ffn.*'")
+                        "(attention), dense_in, dense_out (feed-forward), or patterns such as '*.ffn.*' "
+                        "(default query,value)")
     p.add_argument("--merge-lora", action="store_true",
                    help="--recipe lora: write the merged whole checkpoint instead of the task module")
-    p.add_argument("--adapter-kind", choices=["houlsby", "pfeiffer"], default="houlsby",
-                   help="--recipe adapter: after attention and the FFN (houlsby) or after the FFN only (pfeiffer)")
-    p.add_argument("--adapter-size", type=positive_int, default=64, help="--recipe adapter: the bottleneck width")
-    p.add_argument("--prefix-length", type=positive_int, default=16,
-                   help="--recipe prefix: P, the learnt keys and values per block")
-    p.add_argument("--layerdrop", type=float, default=0.0,
-                   help="skip each block with this probability while training (LayerDrop; e.g. 0.2), to prune later")
+    p.add_argument("--adapter-kind", choices=["houlsby", "pfeiffer"],
+                   help="--recipe adapter: after attention and the FFN (houlsby, the default) or after the FFN only "
+                        "(pfeiffer)")
+    p.add_argument("--adapter-size", type=positive_int,
+                   help="--recipe adapter: the bottleneck width, 1 to the model's hidden size (default 64)")
+    p.add_argument("--prefix-length", type=positive_int,
+                   help="--recipe prefix: P, the learnt keys and values per block, 1 to the model's positions "
+                        "(default 16)")
+    p.add_argument("--layerdrop", type=fraction, default=0.0,
+                   help="skip each block with this probability while training (LayerDrop; e.g. 0.2), to prune later; "
+                        "in [0, 1)")
     p.set_defaults(func=cmd_finetune)
 
 
@@ -51,12 +57,17 @@ def cmd_finetune(args) -> int:
 
     config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
                        resume=args.resume)
+    targets = None if args.lora_targets is None else [t.strip() for t in args.lora_targets.split(",") if t.strip()]
     history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
                        pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
                        recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
-                       lora_rank=args.lora_rank, lora_targets=[t.strip() for t in args.lora_targets.split(",")],
-                       layerdrop=args.layerdrop, merge_lora=args.merge_lora, adapter_kind=args.adapter_kind,
-                       adapter_size=args.adapter_size, prefix_length=args.prefix_length, device=args.device)
+                       lora_rank=args.lora_rank, lora_targets=targets, layerdrop=args.layerdrop,
+                       merge_lora=args.merge_lora, adapter_kind=args.adapter_kind, adapter_size=args.adapter_size,
+                       prefix_length=args.prefix_length, device=args.device, overwrite=args.overwrite)
+    if getattr(history, "nothing_to_resume", False):
+        print(f"nothing to resume: {args.out} holds a finished run (best epoch {history.best_epoch}, "
+              f"{history.metric} {history.best_metric:.4f}); nothing written")
+        return 0
     if history.best_epoch is None:  # a torchrun process other than 0: it trained; process 0 evaluates and writes
         return 0
     what = ("the task module and its head (on the base it names)"
@@ -77,6 +88,9 @@ def add_predict(sub) -> None:
                                  "line gives an empty one)")
     p.add_argument("--model", help="task modules: the base they were trained on (default: the one the first "
                                     "records)")
+    p.add_argument("--skip-base-check", action="store_true",
+                   help="task modules: load them on --model even when its weights' fingerprint differs from the base "
+                        "they were trained on (the same model saved otherwise); its config must still match")
     p.set_defaults(func=cmd_predict)
 
 
@@ -99,9 +113,9 @@ def cmd_predict(args) -> int:
             raise InputError("give either one fine-tuned checkpoint or task modules (folders with "
                              f"{CONFIG_FILE}), not both")
         return _predict_with_task_modules(args, modules, lines)
-    if len(args.checkpoint) > 1 or args.model:
-        raise InputError("several checkpoints, or --model, go with task modules only (--recipe adapter, prefix, "
-                         "lora); a whole fine-tuned checkpoint is predicted with alone")
+    if len(args.checkpoint) > 1 or args.model or args.skip_base_check:
+        raise InputError("several checkpoints, --model or --skip-base-check go with task modules only (--recipe "
+                         "adapter, prefix, lora); a whole fine-tuned checkpoint is predicted with alone")
     args.checkpoint = args.checkpoint[0]
     folder = Path(args.checkpoint)
     architectures = read_json_object(folder / "config.json").get("architectures") or []
@@ -159,22 +173,27 @@ def _predict_with_task_modules(args, folders, lines) -> int:
     from ..training.adapters import read_adapter_config, set_active, task_head
 
     records = [read_adapter_config(f) for f in folders]
-    names = [r["name"] for r in records]
-    if len(set(names)) != len(names):
-        raise InputError(f"task modules with the same name: {names}")
+    for folder, record in zip(folders, records):  # before the base is loaded: what predict can run
+        kind = (record.get("head") or {}).get("class")
+        if kind not in ("BertForSequenceClassification", "BertForTokenClassification"):
+            raise InputError(f"{folder}: a task module with {'a ' + kind + ' head' if kind else 'no head'}; predict "
+                             "labels texts (BertForSequenceClassification) and tags words (BertForTokenClassification)")
+    saved_names = [r["name"] for r in records]
+    collide = len(set(saved_names)) != len(saved_names)
+    # the first column: each module's saved name; when two share one (runA/trec, runB/trec), the folders as given
+    shown = [str(f) for f in args.checkpoint] if collide else saved_names
+    names = [f"task_{i}" for i in range(len(records))] if collide else saved_names
     source = args.model or records[0].get("base_source")
     if not source:
         raise InputError(f"{folders[0]}: records no base; give it with --model")
     base = load_model(BertModel, source, mlm_head=False)
     base.eval()
     tokenizer = BertTokenizer.from_pretrained(folders[0] if (folders[0] / "vocab.txt").exists() else source)
-    heads = [task_head(base, f) for f in folders]
-    for head, record in zip(heads, records):
-        set_active(base, record["name"])
+    heads = [task_head(base, f, name=name, check_base=not args.skip_base_check) for f, name in zip(folders, names)]
+    for head, name, label in zip(heads, names, shown):
+        set_active(base, name)
         kind = type(head).__name__
-        if kind not in ("BertForSequenceClassification", "BertForTokenClassification"):
-            raise InputError(f"{record['name']}: a {kind} head; predict labels texts and tags words")
-        for line in _predicted_lines(args, lines, head, kind, tokenizer, prefix=f"{record['name']}\t" if len(heads) > 1 else ""):
+        for line in _predicted_lines(args, lines, head, kind, tokenizer, prefix=f"{label}\t" if len(heads) > 1 else ""):
             print(line)
     return 0
 
@@ -208,13 +227,14 @@ def add_distill(sub) -> None:
                    help="embedding mode: the student keeps the teacher's embeddings (a faster step)")
     p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
     p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
-    p.add_argument("--task", choices=["classify", "tag"], default="classify")
-    p.add_argument("--temperature", type=float, default=2.0, help="task mode: softmax temperature T (default 2)")
-    p.add_argument("--alpha", type=float, default=0.5, help="task mode: weight of the soft targets (default 0.5)")
+    p.add_argument("--task", choices=["classify", "tag"], help="task mode: what the teacher does (default classify)")
+    p.add_argument("--temperature", type=positive_float, help="task mode: softmax temperature T (default 2)")
+    p.add_argument("--alpha", type=non_negative_float, help="task mode: weight of the soft targets, in [0, 1] "
+                   "(default 0.5)")
     p.add_argument("--hidden-weight", type=float, default=0.0, help="weight of the hidden-state MSE (default 0)")
     p.add_argument("--attention-weight", type=float, default=0.0, help="weight of the attention KL (default 0)")
     p.add_argument("--layer-map", help="student:teacher hidden states, e.g. 1:2,2:4,3:6 (default uniform)")
-    p.add_argument("--student-dropout", type=float, help="the student's dropout while it trains (default: 0 in "
+    p.add_argument("--student-dropout", type=fraction, help="the student's dropout while it trains (default: 0 in "
                    "embedding mode, its own in task mode); the saved student keeps its own")
     p.add_argument("--bf16", action="store_true", help="the student trains under bf16 autocast (fp32 master "
                    "weights; the teacher stays fp32)")
@@ -253,20 +273,29 @@ def cmd_distill(args) -> int:
         for dest, message in _EMBEDDING_ONLY:
             if getattr(args, dest):
                 raise InputError(message)
+    else:
+        for dest, flag in (("task", "--task"), ("temperature", "--temperature"), ("alpha", "--alpha")):
+            if getattr(args, dest) is not None:
+                raise InputError(f"{flag} is for task mode (--train / --eval): embedding distillation matches the "
+                                 "teacher's sentence vectors, not its predictions")
     blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
     lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
                        resume=args.resume)
-    out = output_dir(args.out)
+    out = args.out
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     if args.train is not None:
         history, teacher_score = D.distill_task(
-            args.train, args.eval, args.teacher, out, task=args.task, student_blocks=blocks,
-            temperature=args.temperature, alpha=args.alpha, hidden_weight=args.hidden_weight,
+            args.train, args.eval, args.teacher, out, task=args.task or "classify", student_blocks=blocks,
+            temperature=2.0 if args.temperature is None else args.temperature,
+            alpha=0.5 if args.alpha is None else args.alpha, hidden_weight=args.hidden_weight,
             attention_weight=args.attention_weight, layer_map=args.layer_map, text_column=args.text_column,
             pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
             config=config, batch_size=args.batch_size, max_length=args.max_length,
-            student_dropout=args.student_dropout, log=log)
+            student_dropout=args.student_dropout, overwrite=args.overwrite, log=log)
+        if getattr(history, "nothing_to_resume", False):
+            print(f"nothing to resume: {out} holds a finished student (best epoch {history.best_epoch}); nothing written")
+            return 0
         metric = history.metric
         print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
               f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
@@ -280,7 +309,11 @@ def cmd_distill(args) -> int:
                            max_length=args.max_length, group_by_length=args.group_by_length,
                            student_dropout=0.0 if args.student_dropout is None else args.student_dropout,
                            augment=args.augment, cache_teacher=args.cache_teacher,
-                           freeze_embeddings=args.freeze_embeddings, log=log)
+                           freeze_embeddings=args.freeze_embeddings, overwrite=args.overwrite, log=log)
+    if getattr(run.history, "nothing_to_resume", False):
+        print(f"nothing to resume: {out} holds a finished student (best epoch {run.history.best_epoch}); nothing "
+              "written")
+        return 0
     best = run.history.epochs[run.history.best_epoch - 1]["eval"]
     print(f"student: blocks {run.blocks} of the teacher's, trained on {run.trained_on} texts; agreement with the "
           f"teacher on {run.held_out} held-out texts ({run.pooling} pooling"
@@ -315,9 +348,12 @@ def cmd_exits(args) -> int:
     config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet, resume=args.resume)
     table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
                         batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,
-                        label_column=args.label_column, rounds=args.rounds,
+                        label_column=args.label_column, rounds=args.rounds, overwrite=args.overwrite,
                         log=(lambda line: print(line, file=sys.stderr)) if not args.quiet else None)
     print(table)
+    if getattr(table, "nothing_to_resume", False):
+        print(f"nothing to resume: {args.out} holds a finished run (its table above); nothing written")
+        return 0
     print(f"wrote {args.out}: the classifier, early_exits.safetensors, tokenizer, exits.json")
     return 0
 
@@ -341,7 +377,9 @@ def add_pretrain(sub) -> None:
     start.add_argument("--untied", action="store_true", help="from scratch: a masked-LM decoder of its own instead of "
                        "the word embeddings (not BERT: an ablation, see the pre-training results page)")
     run = p.add_argument_group("the run")
-    run.add_argument("--max-length", type=positive_int, default=128, help="tokens an example (default 128)")
+    run.add_argument("--max-length", type=max_length_type, default=128,
+                     help="tokens an example, [CLS] and [SEP] included: 3 (5 with --nsp) to the model's positions "
+                          "(default 128)")
     budget = run.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=positive_int, help="optimiser steps")
     budget.add_argument("--tokens", type=positive_int, help="a budget of tokens instead of steps")
@@ -356,22 +394,27 @@ def add_pretrain(sub) -> None:
     run.add_argument("--mix", help="FILE:share -- replay general text for that share of the examples")
     run.add_argument("--eval-texts", help="held-out text: masked-LM loss, perplexity, accuracy every --eval-every")
     run.add_argument("--eval-every", type=positive_int, help="steps between evaluations")
-    run.add_argument("--save-every", type=positive_int, help="steps between checkpoints (default: at the end)")
+    run.add_argument("--save-every", type=positive_int, help="steps between checkpoints, the last step included "
+                     "(default: none -- the model is written at the end either way, but a run without checkpoints "
+                     "cannot be resumed)")
     run.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (default 3)")
     run.add_argument("--snapshots", type=positive_int, default=None, help="also keep the model at step 0 and at this "
                      "many log-spaced steps, in OUT/snapshots/ (for minibert probe-over-time)")
     run.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines (default 10)")
-    run.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    run.add_argument("--resume", action="store_true", help="continue the unfinished run in --out from its newest "
+                     "checkpoint (same settings; it ends bit for bit as the uninterrupted run would have); a finished "
+                     "run has nothing to resume, and a longer run is a new one: --model OUT --out NEW")
+    run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     half = run.add_mutually_exclusive_group()
     half.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
     half.add_argument("--fp16", action="store_true", help="fp16 autocast with loss scaling (CUDA only)")
     run.add_argument("--device", help="where to train: cpu (default), cuda or cuda:N")
-    run.add_argument("--dropout", type=non_negative_float, help="every dropout at this probability while training "
+    run.add_argument("--dropout", type=fraction, help="every dropout at this probability while training, in [0, 1) "
                      "(default: the model's, 0.1 from scratch; 0 turns it off)")
     run.add_argument("--teacher", help="a masked-LM folder to distil from while pre-training (DistilBERT: its soft "
                      "predictions at the masked tokens, weight --alpha, temperature --temperature)")
-    run.add_argument("--temperature", type=positive_float, default=2.0, help="with --teacher (default 2)")
-    run.add_argument("--alpha", type=non_negative_float, default=0.5, help="with --teacher: the soft term's weight, "
+    run.add_argument("--temperature", type=positive_float, help="with --teacher (default 2)")
+    run.add_argument("--alpha", type=non_negative_float, help="with --teacher: the soft term's weight in [0, 1], "
                      "1 - alpha the masked-LM loss's (default 0.5)")
     p.set_defaults(func=cmd_pretrain)
 
@@ -394,11 +437,19 @@ def cmd_pretrain(args) -> int:
                               hidden=args.hidden, heads=args.heads, intermediate=args.intermediate, vocab=args.vocab,
                               max_length=args.max_length, nsp=args.nsp, whole_word=args.whole_word, mask=args.mask,
                               config=config, eval_texts=args.eval_texts, mix=args.mix, dropout=args.dropout,
-                              resume=args.resume, teacher=args.teacher, temperature=args.temperature, alpha=args.alpha,
-                              untied=args.untied, device=args.device, log=log)
+                              resume=args.resume, overwrite=args.overwrite, teacher=args.teacher,
+                              temperature=args.temperature, alpha=args.alpha, untied=args.untied, device=args.device,
+                              log=log)
+    if summary.get("nothing_to_resume"):
+        print(f"nothing to resume: {args.out} holds a finished run of {summary.get('steps', '?')} steps; nothing written")
+        return 0
+    resumed = summary.pop("resumed_from", None)
     described = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
-    print(f"pre-trained {summary['steps']} steps ({described}); wrote {args.out}: the model, its tokenizer, "
-          "checkpoints/, log.jsonl")
+    out = Path(args.out)
+    written = ["the model", "its tokenizer", "log.jsonl"]
+    written += [f"{name}/" for name in ("checkpoints", "snapshots") if (out / name).is_dir() and any((out / name).iterdir())]
+    print(f"pre-trained {summary['steps']} steps{f' (resumed from step {resumed})' if resumed else ''} ({described}); "
+          f"wrote {args.out}: {', '.join(written)}")
     return 0
 
 
@@ -411,6 +462,8 @@ def int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,2,4") from None
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r}: give at least one integer")
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 0")
     return values
 
 
@@ -425,8 +478,9 @@ def add_depth_study(sub) -> None:
     p.add_argument("--conllu", help="a .conllu file: a linear probe per layer of every model (UPOS)")
     p.add_argument("--task-train", help="a classification task's training CSV (text,label), e.g. TREC-6")
     p.add_argument("--task-eval", help="its evaluation CSV")
-    p.add_argument("--quick", action="store_true", help="minutes instead of hours: 1, 2, 4 blocks of width 64, "
-                   "60 steps of 16 x 64 (the options below change it)")
+    p.add_argument("--quick", action="store_true", help="minutes instead of hours: 1, 2, 4 blocks of width 64 "
+                   "(2 heads, FFN 256), 60 steps of 16 x 64 at lr 2e-3, reference depth 2 (the options below change "
+                   "it)")
     g = p.add_argument_group("the study (default: 1,2,4,6,8 blocks of 256, 4 heads, FFN 1024, 2000 steps of 32 x 128)")
     g.add_argument("--depths", type=int_list, help="block counts, e.g. 1,2,4,6,8")
     g.add_argument("--hidden", type=positive_int)
@@ -434,16 +488,20 @@ def add_depth_study(sub) -> None:
     g.add_argument("--intermediate", type=positive_int)
     g.add_argument("--steps", type=positive_int, help="the equal-steps budget")
     g.add_argument("--reference-depth", type=positive_int, help="equal compute: the FLOPs this depth spends in "
-                   "--steps steps (default 4)")
+                   "--steps steps (default 4; 2 with --quick)")
     g.add_argument("--budgets", help="steps, compute or steps,compute (default both)")
     g.add_argument("--seeds", type=int_list, help="the first everywhere, the others for the "
-                   "equal-steps budget (default 0,1)")
+                   "equal-steps budget; integers >= 0 (default 0,1)")
     g.add_argument("--batch-size", type=positive_int)
-    g.add_argument("--max-length", type=positive_int)
+    g.add_argument("--max-length", type=max_length_type)
     g.add_argument("--lr", type=positive_float)
     g.add_argument("--bf16", action="store_true", help="bf16 autocast while pre-training")
     g.add_argument("--snapshots", type=positive_int, help="every run keeps this many log-spaced snapshots "
                    "(minibert probe-over-time)")
+    p.add_argument("--device", help="where the models pre-train and fine-tune: cpu (default), cuda or cuda:N")
+    p.add_argument("--overwrite", action="store_true", help="replace what --out holds (a study with other settings, "
+                   "a model, another run); without it a folder holding this study goes on where it stopped, and "
+                   "anything else is refused")
     p.add_argument("--cut-vs-grown", action="store_true", help="then, for each smaller depth k: the deepest model cut "
                    "to k blocks, the k-block model grown from scratch, and one distilled from the deepest (same "
                    "tokens), measured alike")
@@ -472,7 +530,8 @@ def cmd_depth_study(args) -> int:
         def log(line):
             print(line, file=sys.stderr)
     results = run_study(args.corpus, args.out, vocab=args.vocab, eval_texts=args.eval_texts, config=config,
-                        conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval, log=log)
+                        conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval, device=args.device,
+                        overwrite=args.overwrite, log=log)
     print(f"{'blocks':>6}  {'budget':>7}  {'seeds':>5}  {'steps':>6}  {'held-out loss':>13}  {'accuracy':>8}  "
           f"{'probe':>6}  {'task':>6}")
     for r in summary_rows(results):
@@ -481,7 +540,7 @@ def cmd_depth_study(args) -> int:
               f"{r.get('task_accuracy', float('nan')):>6.3f}")
     if args.cut_vs_grown:
         entry = cut_vs_grown(args.out, args.corpus, vocab=args.vocab, eval_texts=args.eval_texts, conllu=args.conllu,
-                             task_train=args.task_train, task_eval=args.task_eval, log=log)
+                             task_train=args.task_train, task_eval=args.task_eval, device=args.device, log=log)
         results["cut_vs_grown"] = entry
         print(f"\ncut from {entry['teacher']}, grown from scratch, distilled from it (same tokens):")
         print(f"{'blocks':>6}  {'model':>9}  {'held-out loss':>13}  {'accuracy':>8}  {'probe':>6}  {'task':>6}")

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import InputError, missing_extra
-from ..textfiles import output_dir
 
 TEXT_SUFFIXES = (".txt", ".text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -196,21 +195,34 @@ class EmbedReport:
 def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int | None = None,
                   rows_per_block: int = 1024, batch_size: int | None = None, max_tokens: int | None = 8192,
                   text_field: str = "text", id_field: str = "id", address: str | None = None,
-                  _fail_on: Sequence[str] = ()) -> EmbedReport:
+                  overwrite: bool = False, _fail_on: Sequence[str] = ()) -> EmbedReport:
     """Embed every text of ``inputs`` (shards: .txt, .jsonl, .parquet; paths, directories or globs) with
-    ``workers`` actors and write Parquet (id, vector) into ``out_dir`` (must be empty or absent).
-    ``address``: a running Ray cluster ("auto", "ray://host:10001"); None starts or joins a local Ray."""
-    import time
+    ``workers`` actors and write Parquet (id, vector) into ``out_dir``: a local folder follows the
+    output-folder rule (``outputs.RunFolder``: empty or new, not the model's folder, one writer; ``overwrite``
+    replaces what it holds), so the Parquet files of two runs never mix. ``address``: a running Ray
+    cluster ("auto", "ray://host:10001"); None starts or joins a local Ray."""
+    import contextlib
+
+    from ..outputs import RunFolder
 
     for name, value, low in (("workers", workers, 1), ("rows_per_block", rows_per_block, 1)):
         if not isinstance(value, int) or value < low:
             raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
     files = expand_inputs(inputs)
-    out = Path(out_dir).expanduser()
-    if "://" not in str(out_dir):
-        output_dir(out, "out_dir (--out)")  # before any work: an existing folder, or a new last level
-        if out.exists() and any(out.iterdir()):
-            raise InputError(f"out_dir {out} is not empty: the Parquet files of another run would mix with these")
+    folder = None
+    if "://" not in str(out_dir):  # before any work: the rule of every output folder
+        folder = RunFolder(out_dir, command="embed", what="out_dir (--out)", reads={"--model": model},
+                           overwrite=overwrite, resumable=False)
+    with folder.claim({"inputs": [str(f) for f in files], "model": str(model)}) if folder else contextlib.nullcontext():
+        return _embed(files, out_dir, model=model, workers=workers, threads=threads, rows_per_block=rows_per_block,
+                      batch_size=batch_size, max_tokens=max_tokens, text_field=text_field, id_field=id_field,
+                      address=address, fail_on=_fail_on)
+
+
+def _embed(files, out_dir, *, model, workers, threads, rows_per_block, batch_size, max_tokens, text_field, id_field,
+           address, fail_on) -> EmbedReport:
+    import time
+
     model_path = Path(model).expanduser()
     model = str(model_path.resolve()) if model_path.exists() else model  # actors may start elsewhere
     ray = _ray()
@@ -231,7 +243,7 @@ def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int
     rows_in = ds.count()
     vectors = ds.map_batches(
         _Embedder, fn_constructor_kwargs=dict(model=model, threads=threads, batch_size=batch_size,
-                                              max_tokens=max_tokens, fail_on=list(_fail_on)),
+                                              max_tokens=max_tokens, fail_on=list(fail_on)),
         batch_size=rows_per_block, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=workers),
         num_cpus=threads or 1).materialize()  # Ray Data restarts a dead actor and retries its task by default
     from ray.data.expressions import col

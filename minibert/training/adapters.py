@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_fraction, check_positive
+from ..checks import check_fraction, check_index, check_positive
 from ..errors import InputError
 from ..hookpoints import HookPoint
 from .lora import LoRAPair
@@ -57,6 +57,12 @@ KINDS = ("houlsby", "pfeiffer", "prefix", "lora")
 NONLINEARITIES = {"swish": F.silu, "silu": F.silu, "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh}
 INITS = ("identity", "bert", "houlsby")
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
+#: the base's config fields a task module depends on beyond its tensors' shapes: a module trained on one
+#: value computes something else on another (12 heads split the prefix keys otherwise than 4)
+BASE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "position_embedding_type")
+#: the safetensors metadata key that repeats what adapter_config.json says (an edit of one is found)
+METADATA_KEY = "minibert_task_module"
 #: what ``save_adapter`` records of each kind's options: ``add_adapter``'s argument names
 SAVED_OPTIONS = {"houlsby": ("bottleneck", "nonlinearity", "init"), "pfeiffer": ("bottleneck", "nonlinearity", "init"),
                  "prefix": ("prefix_length", "prefix_bottleneck", "dropout"), "lora": ("r", "alpha", "dropout", "targets")}
@@ -308,27 +314,34 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
     options: dict = {"kind": kind}
     if kind in ("houlsby", "pfeiffer"):
         if reduction_factor is not None:
-            check_positive("reduction_factor", reduction_factor, "H / bottleneck")
+            if isinstance(reduction_factor, bool) or not isinstance(reduction_factor, (int, float)) or reduction_factor < 1:
+                raise InputError(f"reduction_factor={reduction_factor!r} must be a number >= 1 (H / bottleneck)")
             bottleneck = max(1, int(config.hidden_size // reduction_factor))
-        check_positive("bottleneck", bottleneck, "the adapter's width")
         nonlinearity = nonlinearity or ("swish" if kind == "houlsby" else "relu")
         if nonlinearity not in NONLINEARITIES:
             raise InputError(f"nonlinearity={nonlinearity!r}: use one of {tuple(NONLINEARITIES)}")
+        check_index("bottleneck (--adapter-size)", bottleneck, 1, config.hidden_size,
+                    f"a bottleneck narrows the hidden states: at most the model's hidden size, {config.hidden_size}")
         task = BottleneckTask(kind, config, bottleneck, nonlinearity, init, dtype, device, generator)
         options |= {"bottleneck": bottleneck, "nonlinearity": nonlinearity, "init": init}
     elif kind == "prefix":
-        check_positive("prefix_length", prefix_length, "keys and values per block")
+        check_index("prefix_length (--prefix-length)", prefix_length, 1, config.max_position_embeddings,
+                    "keys and values per block: at most as many as the model has positions, "
+                    f"{config.max_position_embeddings}")
         check_positive("prefix_bottleneck", prefix_bottleneck, "the reparameterisation MLP's width")
         task = PrefixTask(config, prefix_length, prefix_bottleneck, dropout, flat, dtype, device, generator)
         options |= {"prefix_length": prefix_length, "prefix_bottleneck": prefix_bottleneck, "dropout": dropout}
     else:
         from .lora import lora_targets
 
-        check_positive("r", r, "the rank")
+        check_positive("r (--lora-rank)", r, "the rank")
         if quantized:
             raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
                              "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
         paths = lora_targets(encoder, targets)
+        widest = min(min(encoder.get_submodule(p).in_features, encoder.get_submodule(p).out_features) for p in paths)
+        check_index("r (--lora-rank)", r, 1, widest, f"a rank above the adapted layers' smaller side ({widest}) adds "
+                    "nothing a full update would not")
         task = LoRATask({p: encoder.get_submodule(p) for p in paths}, r, alpha, dropout, dtype, device, generator)
         options |= {"r": r, "alpha": alpha, "dropout": dropout, "targets": paths}
     for p in model.parameters():
@@ -352,6 +365,45 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
         container.active = name
     task.train(encoder.training)
     return model
+
+
+def module_cost(config, kind: str, *, bottleneck: int = 64, prefix_length: int = 16, prefix_bottleneck: int = 512,
+                r: int = 8, targets: int = 2, batch_size: int = 16, max_length: int = 128) -> tuple[int, int]:
+    """(parameters, bytes while training) of a task module of ``kind`` on a base of ``config``, before it is
+    made: fp32 weights, gradients and AdamW's two moments (16 bytes a parameter), and for a prefix the
+    attention scores its keys add to every block (B x heads x T x P, kept three times: scores,
+    probabilities, dropout) for a batch of ``batch_size`` x ``max_length``. LoRA: ``targets`` adapted
+    linear layers per block, each H x H at most."""
+    n, H, heads = config.num_hidden_layers, config.hidden_size, config.num_attention_heads
+    if kind in ("houlsby", "pfeiffer"):
+        params = n * (2 if kind == "houlsby" else 1) * (2 * H * bottleneck + bottleneck + H)
+        return params, 16 * params
+    if kind == "prefix":
+        params = prefix_length * H + H * prefix_bottleneck + prefix_bottleneck + prefix_bottleneck * n * 2 * H + n * 2 * H
+        scores = 3 * 4 * n * batch_size * heads * max_length * prefix_length
+        return params, 16 * params + scores
+    if kind == "lora":
+        params = n * targets * r * 2 * max(H, config.intermediate_size)
+        return params, 16 * params
+    raise InputError(f"kind={kind!r}: use one of {KINDS}")
+
+
+def check_module_cost(config, kind: str, *, what: str, **sizes) -> int:
+    """Say what a task module will take while it trains when that is large (over 1 GiB, as a warning), and
+    refuse one that cannot fit in this machine's memory; returns its parameter count."""
+    import warnings
+
+    from ..hardware import memory_bytes
+
+    params, needed = module_cost(config, kind, **sizes)
+    described = (f"{what}: a {kind} module of {params:,} parameters ({4 * params / 2**20:,.1f} MB saved) on "
+                 f"{config.num_hidden_layers} x {config.hidden_size} takes about {needed / 2**30:.1f} GiB while it trains")
+    available = memory_bytes()
+    if available and needed > available:
+        raise InputError(f"{described}: more than this machine's {available / 2**30:.1f} GiB")
+    if needed > 2**30:
+        warnings.warn(described, stacklevel=3)
+    return params
 
 
 def task_names(model) -> list[str]:
@@ -443,13 +495,89 @@ def save_adapter(model, name: str, directory) -> Path:
     source = str(getattr(encoder, "source", "") or "")
     if source and Path(source).exists():  # a local folder: absolute, so the record holds from anywhere
         source = str(Path(source).resolve())
+    base = base_config(encoder.config)
     record = {"name": name, "options": container.options[name], "base_fingerprint": base_fingerprint(encoder),
               "base_source": source, "hidden_size": encoder.config.hidden_size,
-              "num_hidden_layers": encoder.config.num_hidden_layers, "head": head}
+              "num_hidden_layers": encoder.config.num_hidden_layers, "base_config": base, "head": head}
+    sealed = {"name": name, "options": container.options[name], "base_config": base, "head": head}
     with atomic_dir(directory) as tmp:
         (Path(tmp) / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        save_file(tensors, str(Path(tmp) / WEIGHTS_FILE))
+        save_file(tensors, str(Path(tmp) / WEIGHTS_FILE), metadata={METADATA_KEY: json.dumps(sealed, sort_keys=True)})
     return Path(directory)
+
+
+def base_config(config) -> dict:
+    """The fields of a base's config a task module depends on (``BASE_FIELDS``), as adapter_config.json keeps them."""
+    return {k: getattr(config, k) for k in BASE_FIELDS}
+
+
+def _sealed(directory) -> dict | None:
+    """What save_adapter wrote into adapter.safetensors' metadata (None for a module saved before it did)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(Path(directory) / WEIGHTS_FILE), framework="pt") as f:
+            text = (f.metadata() or {}).get(METADATA_KEY)
+    except Exception as e:  # not a safetensors file, truncated
+        raise InputError(f"{(Path(directory) / WEIGHTS_FILE).resolve()} cannot be read as safetensors "
+                         f"({type(e).__name__}: {e})") from None
+    if text is None:
+        return None
+    try:
+        sealed = json.loads(text)
+    except ValueError:
+        return None
+    return sealed if isinstance(sealed, dict) else None
+
+
+def check_module_config(directory, record: dict) -> None:
+    """adapter_config.json against what the weights file was saved with: a field edited after saving (the
+    head's class, an option, the base's config) is an InputError naming the field and both values."""
+    sealed = _sealed(directory)
+    if sealed is None:
+        return
+    path = Path(directory).resolve() / CONFIG_FILE
+    for key in ("name", "options", "base_config", "head"):
+        said, saved = record.get(key), sealed.get(key)
+        if said == saved:
+            continue
+        if isinstance(said, dict) and isinstance(saved, dict):
+            fields = sorted(k for k in set(said) | set(saved) if said.get(k) != saved.get(k))
+            what = "; ".join(f"{key}.{k} is {said.get(k)!r} there, {saved.get(k)!r} in {WEIGHTS_FILE}" for k in fields)
+        else:
+            what = f"{key} is {said!r} there, {saved!r} in {WEIGHTS_FILE}"
+        raise InputError(f"{path} does not say what its weights were saved with ({what}): it was edited after "
+                         f"saving; put back what {WEIGHTS_FILE} records, or save the module again")
+
+
+def check_base_config(directory, record: dict, config) -> None:
+    """The base a module is loaded on has the config it was trained on (``base_config``'s ``BASE_FIELDS``,
+    and the hidden_size and num_hidden_layers the record also keeps at its top, which older modules record
+    alone): an InputError naming each field that differs."""
+    saved = [(k, v) for k, v in (record.get("base_config") or {}).items() if k in BASE_FIELDS]
+    saved += [(k, record[k]) for k in ("hidden_size", "num_hidden_layers") if k in record]
+    differs = list(dict.fromkeys(f"{k} {v!r} then, {getattr(config, k, None)!r} now" for k, v in saved
+                                 if v != getattr(config, k, None)))
+    if differs:
+        base = record.get("base_source") or "unknown"
+        raise InputError(f"{Path(directory).resolve()}: trained on a base with another config ({'; '.join(differs)}); "
+                         f"it computes something else on this one",
+                         python=f"load it on the base it was trained on ({base})",
+                         shell=f"give --model the base it was trained on ({base})")
+
+
+def _check_shapes(directory, module: nn.Module, state: dict, what: str) -> None:
+    """Every saved tensor is one the module has, of the same shape, and none is missing: an InputError naming
+    each tensor that does not fit and both shapes."""
+    own = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    saved = {k: tuple(v.shape) for k, v in state.items()}
+    problems = [f"{k}: saved {saved[k]}, this model needs {own[k]}" for k in sorted(set(own) & set(saved))
+                if own[k] != saved[k]]
+    problems += [f"{k}: missing from the file (this model needs {own[k]})" for k in sorted(set(own) - set(saved))]
+    problems += [f"{k}: in the file {saved[k]}, not a tensor of this model" for k in sorted(set(saved) - set(own))]
+    if problems:
+        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        raise InputError(f"{Path(directory).resolve()}: {what} does not fit ({shown})")
 
 
 def read_adapter_config(directory) -> dict:
@@ -481,10 +609,16 @@ def load_adapter(model, directory, *, name: str | None = None, activate: bool = 
     anything does not fit."""
     directory = Path(directory)
     record = read_adapter_config(directory)
+    check_module_config(directory, record)
     encoder = encoder_of(model)
+    check_base_config(directory, record, encoder.config)
     if check_base and record.get("base_fingerprint") != base_fingerprint(encoder):
-        raise InputError(f"{directory.resolve()}: trained on another base ({record.get('base_source') or 'unknown'}; "
-                         "fingerprints differ): load it on that base, or pass check_base=False")
+        base = record.get("base_source") or "unknown"
+        raise InputError(f"{directory.resolve()}: trained on another base ({base}; the weights' fingerprints differ)",
+                         python="load it on that base, or pass check_base=False if this base is the same model "
+                                "saved otherwise",
+                         shell=f"give --model that base, or pass --skip-base-check if {base} is the same model saved "
+                               "otherwise")
     kind = record["options"]["kind"]
     missing = [key for key in SAVED_OPTIONS[kind] if key not in record["options"]]
     if missing:
@@ -498,18 +632,25 @@ def load_adapter(model, directory, *, name: str | None = None, activate: bool = 
     task_state, head_state = saved_tensors(directory)
     head_layer = None
     if head_state and model is not encoder:
+        saved_class = (record.get("head") or {}).get("class")
         head_layer = getattr(model, getattr(model, "head_attribute", ""), None)
-        own = None if head_layer is None else head_layer.state_dict()
-        if own is None or set(own) != set(head_state) or any(own[k].shape != v.shape for k, v in head_state.items()):
-            raise InputError(f"{directory.resolve()}: its head ({(record.get('head') or {}).get('class')}) does not fit "
-                             f"this {type(model).__name__}: build the head with task_head(base, directory)")
+        if saved_class is not None and saved_class != type(model).__name__:
+            raise InputError(f"{directory.resolve()}: its head is a {saved_class}, not a {type(model).__name__}",
+                             python="build the head the module was saved with: task_head(base, directory)")
+        if head_layer is None:
+            raise InputError(f"{directory.resolve()}: its head does not fit this {type(model).__name__} (it has none)",
+                             python="build the head the module was saved with: task_head(base, directory)")
+        _check_shapes(directory, head_layer, head_state, f"its head ({saved_class})")
     previous = task_names(model)
     add_adapter(model, name, kind, activate=False, **kwargs)
     container = _container(encoder, create=False)
     try:
+        _check_shapes(directory, container.tasks[name], task_state, f"the {kind} module")
         container.tasks[name].load_state_dict({k: v.to(encoder.device) for k, v in task_state.items()})
-    except RuntimeError as error:
+    except (InputError, RuntimeError) as error:
         remove_adapter(model, name)
+        if isinstance(error, InputError):
+            raise
         raise InputError(f"{directory.resolve()}: its weights do not fit this model: {str(error).splitlines()[0]}") from None
     if head_layer is not None:
         with torch.no_grad():
@@ -520,19 +661,25 @@ def load_adapter(model, directory, *, name: str | None = None, activate: bool = 
     return model
 
 
-def task_head(base, directory, *, activate: bool = True):
+def task_head(base, directory, *, activate: bool = True, name: str | None = None, check_base: bool = True):
     """A task head for the saved task module in ``directory`` built around ``base`` (a minibert
     BertModel, shared, not copied): the head class and labels the folder records, its weights, and the
-    task module loaded onto the base. Several heads made this way share one base."""
+    task module loaded onto the base. Several heads made this way share one base. ``name``: the module's
+    name on the base (default: the one it was saved with); ``check_base``: as ``load_adapter``'s."""
     from ..models import heads
 
     record = read_adapter_config(directory)
+    check_module_config(directory, record)
     info = record.get("head")
     if not info:
         raise InputError(f"{Path(directory).resolve()}: this task module was saved without a head (from an encoder)")
-    cls = getattr(heads, str(info.get("class")), None)
-    if cls is None or not isinstance(cls, type) or not issubclass(cls, heads._TaskModel):
-        raise InputError(f"{Path(directory).resolve()}: head class {info.get('class')!r} is not one of minibert's heads")
+    cls = heads.TASK_CLASSES.get(str(info.get("class")))
+    if cls is None:
+        raise InputError(f"{Path(directory).resolve()}: head class {info.get('class')!r} is not one of minibert's heads "
+                         f"({', '.join(heads.TASK_CLASSES)})")
+    if not isinstance(info.get("id2label"), dict):
+        raise InputError(f"{Path(directory).resolve() / CONFIG_FILE}: head.id2label must be an object (index -> label)")
+    check_base_config(directory, record, encoder_of(base).config)
     encoder = encoder_of(base)
     config = copy.deepcopy(encoder.config)
     config.id2label = {int(k): v for k, v in info["id2label"].items()}
@@ -543,10 +690,10 @@ def task_head(base, directory, *, activate: bool = True):
     out = model.head_out_features()
     setattr(model, model.head_attribute, nn.Linear(config.hidden_size, out, device=encoder.device, dtype=encoder.dtype))
     model.source = getattr(encoder, "source", None)
-    name = record["name"]
+    name = name or record["name"]
     if name in task_names(encoder):  # already on this base (another head of the same task): the head alone
         getattr(model, model.head_attribute).load_state_dict(saved_tensors(directory)[1])
     else:
-        load_adapter(model, directory, activate=activate)
+        load_adapter(model, directory, name=name, activate=activate, check_base=check_base)
     model.task_name = name
     return model.eval()

@@ -30,6 +30,12 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def rank() -> int:
+    """This process's rank in the torchrun job, from the environment torchrun sets (0 outside torchrun):
+    known before the job is joined, so the first process alone checks and takes the output folder."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def is_distributed() -> bool:
     return world_size() > 1
 

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..checks import check_positive
+from ..checks import check_fraction, check_positive, check_seed
 from ..errors import InputError
 from ..textfiles import write_text_atomic
 
@@ -79,6 +79,12 @@ class DepthStudyConfig:
             raise InputError(f"budgets={self.budgets!r}: use one or both of {BUDGETS}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise InputError(f"seeds={self.seeds!r}: give one or more different seeds")
+        for seed in self.seeds:
+            check_seed("seeds (--seeds)", seed)
+        check_fraction("warmup", self.warmup)
+        check_fraction("dropout", self.dropout)
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise InputError(f"lr={self.lr!r} must be > 0")
 
 
 #: --quick: minutes, not hours (a tutorial, a smoke test): small widths, few steps
@@ -128,60 +134,160 @@ def plan(config: DepthStudyConfig, vocab_size: int) -> list[StudyRun]:
 
 
 def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStudyConfig = DepthStudyConfig(),
-              conllu=None, task_train=None, task_eval=None, log: Callable[[str], None] | None = print) -> dict:
+              conllu=None, task_train=None, task_eval=None, device=None, overwrite: bool = False,
+              log: Callable[[str], None] | None = print) -> dict:
     """Pre-train and measure every run of ``plan(config)`` (see the module docstring); returns (and keeps
     in ``out_dir/study.json``) the config, the runs and their measures. ``conllu``: a CoNLL-U file for the
-    probe; ``task_train`` / ``task_eval``: CSV files of a classification task (text, label)."""
-    from ..textfiles import output_dir, read_conllu
+    probe; ``task_train`` / ``task_eval``: CSV files of a classification task (text, label). ``device``:
+    where the models pre-train and fine-tune ("cpu", "cuda", "cuda:N"; the measures run on the CPU).
+
+    ``out_dir`` follows the output-folder rule (``outputs.RunFolder``): a folder holding this study goes on
+    where it stopped (the same settings, each one that differs named); a new probe or task file, or a
+    changed one, is measured on every finished model; another corpus, vocabulary or held-out text is
+    refused by name (every loss would change). ``overwrite`` replaces the folder instead."""
+    from ..hardware import training_device
+    from ..outputs import RunFolder, read_record
+    from ..textfiles import read_conllu
     from ..tokenizer import BertTokenizer
     from .pretrain_data import TokenStore, corpus_files
 
     config.check()
     if (task_train is None) != (task_eval is None):
         raise InputError("give both task_train and task_eval (a classification task's files), or neither")
-    out_dir = output_dir(out_dir)
-    tokenizer = BertTokenizer.from_pretrained(vocab)
-    probe_data = None
-    if conllu is not None:
-        probe_data = read_conllu(conllu)[: config.probe_sentences]
+    training_device(device)
     files = corpus_files(corpus)
-    store = out_dir / "store"
-    TokenStore.build(files, tokenizer, store, progress=log is not None, log=log)  # once, shared by every run
+    eval_files = corpus_files([eval_texts], "--eval-texts file")
+    for path, what in ((conllu, "--conllu file"), (task_train, "--task-train file"), (task_eval, "--task-eval file")):
+        if path is not None:
+            corpus_files([path], what)  # exists and is readable, before any work
+
+    def holds_study(folder: Path) -> bool:
+        record = read_record(folder)
+        return (folder / "study.json").exists() and (record is None or record["command"] == "depth-study")
+
+    folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, overwrite=overwrite,
+                       resumable=False, continues=holds_study)
+    out_dir = folder.path
+    tokenizer = BertTokenizer.from_pretrained(vocab)
+    probe_data = read_conllu(conllu)[: config.probe_sentences] if conllu is not None else None
+    inputs = study_inputs(files, vocab, eval_files, conllu, task_train, task_eval)
     path = out_dir / "study.json"
-    results = {"config": json.loads(json.dumps(asdict(config))), "runs": {}}  # as JSON keeps it (lists)
+    results = {"config": json.loads(json.dumps(asdict(config))), "inputs": inputs, "runs": {}}  # as JSON keeps it
+    remeasure: list[str] = []
     if path.exists():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        if saved.get("config") != results["config"]:
-            raise InputError(f"{path} was written by a study with other settings: give the same settings, or "
-                             "another --out")
-        results = saved
-    runs = plan(config, len(tokenizer.vocab))
-    (out_dir / "runs").mkdir(exist_ok=True)
-    (out_dir / "tasks").mkdir(exist_ok=True)
-    for k, run in enumerate(runs):
-        if run.name in results["runs"]:
-            continue
-        twin = next((r for r in runs[:k] if (r.depth, r.steps, r.seed) == (run.depth, run.steps, run.seed)), None)
-        if twin is not None:  # equal compute at the reference depth is equal steps: the same run, measured once
-            results["runs"][run.name] = {**results["runs"][twin.name], **asdict(run)}
+        remeasure = _compare_study(saved, results, path)
+        results = {**saved, "inputs": {**saved.get("inputs", {}), **{k: v for k, v in inputs.items() if v is not None}}}
+    with folder.claim({"config": results["config"]}) as run:
+        run.resume_hint = lambda: _study_hint(folder.shown, path, len(plan(config, len(tokenizer.vocab))))
+        if remeasure and log is not None:
+            log(f"{', '.join(remeasure)} changed since the study measured its runs: measuring every finished run "
+                "again with the new file(s)")
+        store = out_dir / "store"
+        TokenStore.build(files, tokenizer, store, progress=log is not None, log=log)  # once, shared by every run
+        runs = plan(config, len(tokenizer.vocab))
+        (out_dir / "runs").mkdir(exist_ok=True)
+        (out_dir / "tasks").mkdir(exist_ok=True)
+        done = [r.name for r in runs if r.name in results["runs"]]
+        if done and log is not None:
+            log(f"continuing the study in {folder.shown}: {len(done)} of {len(runs)} runs finished")
+        given = {"--conllu": conllu is not None, "--task-train / --task-eval": task_train is not None}
+        for k, run_ in enumerate(runs):  # new or changed probe / task files: measured on every finished model
+            if run_.name not in results["runs"]:
+                continue
+            what = sorted(set(remeasure) | {option for option, key in MEASURE_KEYS
+                                            if given[option] and key not in results["runs"][run_.name]})
+            if not what:
+                continue
+            twin = _twin(runs, k)
+            if twin is not None:
+                results["runs"][run_.name] = {**results["runs"][twin.name], **asdict(run_)}
+            else:
+                results["runs"][run_.name].update(_measure(out_dir / "runs" / run_.name, config, tokenizer, probe_data,
+                                                           task_train, task_eval, out_dir / "tasks", log, device,
+                                                           what=what))
             write_text_atomic(path, json.dumps(results, indent=2) + "\n")
-            continue
-        if log is not None:
-            log(f"[{k + 1}/{len(runs)}] {run.name}: {run.steps} steps ({run.flops / 1e12:.2f} TFLOP)")
-        folder = out_dir / "runs" / run.name
-        measures = _pretrain_one(run, folder, files, store, vocab, eval_texts, config, log)
-        measures.update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval, out_dir / "tasks",
-                                 log))
-        results["runs"][run.name] = {**asdict(run), **measures}
+        for k, run_ in enumerate(runs):
+            if run_.name in results["runs"]:
+                continue
+            twin = _twin(runs, k)
+            if twin is not None:  # equal compute at the reference depth is equal steps: the same run, measured once
+                results["runs"][run_.name] = {**results["runs"][twin.name], **asdict(run_)}
+                write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+                continue
+            if log is not None:
+                log(f"[{k + 1}/{len(runs)}] {run_.name}: {run_.steps} steps ({run_.flops / 1e12:.2f} TFLOP)")
+            run_folder = out_dir / "runs" / run_.name
+            measures = _pretrain_one(run_, run_folder, files, store, vocab, eval_texts, config, log, device=device)
+            measures.update(_measure(run_folder, config, tokenizer, probe_data, task_train, task_eval,
+                                     out_dir / "tasks", log, device))
+            results["runs"][run_.name] = {**asdict(run_), **measures}
+            write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+        results["speed"] = _forward_times([out_dir / "runs" / r.name for r in runs if r.budget == runs[0].budget
+                                           and r.seed == config.seeds[0]], config)
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
-    results["speed"] = _forward_times([out_dir / "runs" / r.name for r in runs if r.budget == runs[0].budget
-                                       and r.seed == config.seeds[0]], config)
-    write_text_atomic(path, json.dumps(results, indent=2) + "\n")
     return results
 
 
+def _twin(runs: list, k: int):
+    """An earlier run of the plan that is the same run as ``runs[k]`` (equal compute at the reference depth
+    is equal steps): measured once, its measures copied."""
+    run = runs[k]
+    return next((r for r in runs[:k] if (r.depth, r.steps, r.seed) == (run.depth, run.steps, run.seed)), None)
+
+
+def study_inputs(files, vocab, eval_files, conllu, task_train, task_eval) -> dict:
+    """What a study was measured on: each file's path and sha256 (``tools.fingerprint.file_sha256``), the
+    vocabulary's hash; None for a measure not asked for."""
+    from ..tokenizer import BertTokenizer
+    from ..tools.fingerprint import file_sha256
+    from .pretrain_data import vocabulary_hash
+
+    def entry(path):
+        return None if path is None else {"path": str(Path(path).resolve()), "sha256": file_sha256(path)}
+
+    return {"corpus": [entry(f)["sha256"] for f in files], "vocab": vocabulary_hash(BertTokenizer.from_pretrained(vocab)),
+            "eval_texts": [entry(f)["sha256"] for f in eval_files], "conllu": entry(conllu),
+            "task": None if task_train is None else [entry(task_train), entry(task_eval)]}
+
+
+#: the inputs a study cannot take another of without every loss changing: (key, the option that gives it)
+FIXED_INPUTS = (("corpus", "--corpus"), ("vocab", "--vocab"), ("eval_texts", "--eval-texts"))
+#: the inputs of a measure, measured again on every finished model when they change: (key, option)
+MEASURE_INPUTS = (("conllu", "--conllu"), ("task", "--task-train / --task-eval"))
+#: the option of each measure and the key it leaves in a run's measures (a run without it is measured)
+MEASURE_KEYS = (("--conllu", "probe_accuracy"), ("--task-train / --task-eval", "task_accuracy"))
+
+
+def _compare_study(saved: dict, now: dict, path: Path) -> list[str]:
+    """What a rerun into a study folder changed: an error naming every setting or fixed input that
+    differs; the measure inputs that are new or changed (their options' names), to be measured again."""
+    differs = [f"{k}={saved['config'].get(k)!r} then, {v!r} now" for k, v in now["config"].items()
+               if saved["config"].get(k) != v]
+    before = saved.get("inputs") or {}
+    differs += [f"{option} is not the file the study was measured with" for key, option in FIXED_INPUTS
+                if key in before and before[key] != now["inputs"][key]]
+    if differs:
+        raise InputError(f"{path} was written by a study with other settings ({'; '.join(differs)}): give the same, "
+                         "--overwrite to start it again, or another --out")
+    return _changed_measures(before, now["inputs"]) if saved.get("runs") else []
+
+
+def _changed_measures(before: dict, now: dict) -> list[str]:
+    """The options of the measure inputs given ``now`` that are new or other files than ``before``'s."""
+    def sha(value):
+        return None if value is None else (value["sha256"] if isinstance(value, dict) else [v["sha256"] for v in value])
+    return [option for key, option in MEASURE_INPUTS if now[key] is not None and sha(before.get(key)) != sha(now[key])]
+
+
+def _study_hint(shown: str, path: Path, total: int) -> str:
+    done = len(json.loads(path.read_text(encoding="utf-8")).get("runs", {})) if path.exists() else 0
+    return (f"the study in {shown} has {done} of {total} runs measured: the same command again picks up where it "
+            "stopped")
+
+
 def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, config: DepthStudyConfig,
-                  log, teacher=None) -> dict:
+                  log, teacher=None, device=None) -> dict:
     from .pipelines.pretrain import run_pretraining
     from .pretrain import PretrainConfig
 
@@ -194,10 +300,12 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
         saved = json.loads(finished.read_text(encoding="utf-8"))
         if saved.get("steps") == run.steps and "eval_loss" in saved.get("last", {}):
             return _pretrain_measures(saved["last"], run, config)
-    summary = run_pretraining(files, folder, layers=run.depth, hidden=config.hidden, heads=config.heads,
-                              intermediate=config.intermediate, vocab=str(vocab), max_length=config.max_length,
-                              config=pconfig, eval_texts=eval_texts, dropout=config.dropout, resume=True,
-                              store=store, teacher=teacher, log=None)
+    with warnings.catch_warnings():  # a run is resumed when it was started before, begun when not: both are normal
+        warnings.filterwarnings("ignore", message="(resume|nothing to resume)")
+        summary = run_pretraining(files, folder, layers=run.depth, hidden=config.hidden, heads=config.heads,
+                                  intermediate=config.intermediate, vocab=str(vocab), max_length=config.max_length,
+                                  config=pconfig, eval_texts=eval_texts, dropout=config.dropout, resume=True,
+                                  store=store, teacher=teacher, device=device, log=None)
     return _pretrain_measures(summary, run, config)
 
 
@@ -218,12 +326,18 @@ def best_probe(measures: dict) -> float:
 
 
 def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task_train, task_eval, work: Path,
-             log) -> dict:
+             log, device=None, what=None) -> dict:
+    """A trained model's measures: its parameters, the probe per layer (``probe_data``), fine-tuning
+    accuracy on the task (on ``device``). ``what``: only the measures of these options ("--conllu",
+    "--task-train / --task-eval"; None: all)."""
     from ..models import BertModel
 
     model = BertModel.from_pretrained(folder)
     counts = model.parameter_counts()
     out = {"parameters": counts["total"], "non_embedding_parameters": counts["non_embedding"]}
+    if what is not None:
+        probe_data = probe_data if "--conllu" in what else None
+        task_train = task_train if any(w.startswith("--task") for w in what) else None
     if probe_data is not None:
         from ..analysis.probing import probe_model
 
@@ -238,7 +352,7 @@ def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task
             warnings.filterwarnings("ignore", message=".*has no pooler")
             history = finetune(task_train, task_eval, str(folder), work / folder.name,
                                config=FitConfig(epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False),
-                               batch_size=32, max_length=64, log=None)
+                               batch_size=32, max_length=64, device=device, overwrite=True, log=None)
         out["task_accuracy"] = history.best_metric
     if log is not None:
         log("  " + ", ".join(f"{k} {v:.4g}" for k, v in out.items() if isinstance(v, float)))
@@ -277,7 +391,8 @@ def study_config(saved: dict) -> DepthStudyConfig:
 
 
 def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, task_train=None, task_eval=None,
-                 temperature: float = 2.0, alpha: float = 0.5, log: Callable[[str], None] | None = print) -> dict:
+                 temperature: float = 2.0, alpha: float = 0.5, device=None,
+                 log: Callable[[str], None] | None = print) -> dict:
     """Is the depth a deep model learnt reusable in fewer blocks? For each smaller depth k of the finished
     study in ``out_dir`` (``run_study``; its equal-steps runs of the first seed), three k-block models:
 
@@ -292,14 +407,10 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     each measured as the study measures a run: held-out masked-LM loss and accuracy on the same examples
     and masks, parameters, probe per layer (``conllu``), task accuracy (``task_train`` / ``task_eval``).
     Kept in ``study.json`` under "cut_vs_grown" (a stopped comparison picks up at the first depth not
-    finished); returns that entry: {"teacher": run name, "depths": {"k": {arm: measures}}}."""
-    from ..loading import copy_tokenizer
-    from ..models.pretraining import BertForMaskedLM
-    from ..textfiles import read_conllu
-    from ..tokenizer import BertTokenizer
-    from ..tools.surgery import truncate
-    from .pipelines.pretrain import held_examples
-    from .pretrain import evaluate
+    finished; a new or changed probe or task file is measured on the finished arms); returns that entry:
+    {"teacher": run name, "depths": {"k": {arm: measures}}}. ``device``: where the distilled arm pre-trains
+    and the task fine-tunes."""
+    from ..outputs import RunFolder
     from .pretrain_data import corpus_files
 
     out_dir = Path(out_dir)
@@ -308,8 +419,29 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
         raise InputError(f"{path} does not exist: run the depth study first (run_study / minibert depth-study)")
     if (task_train is None) != (task_eval is None):
         raise InputError("give both task_train and task_eval (a classification task's files), or neither")
+    files = corpus_files(corpus)
+    eval_files = corpus_files([eval_texts], "--eval-texts file")
     results = json.loads(path.read_text(encoding="utf-8"))
     config = study_config(results)
+    inputs = study_inputs(files, vocab, eval_files, conllu, task_train, task_eval)
+    _compare_study(results, {"config": results["config"], "inputs": inputs}, path)  # the same corpus, vocab, held-out
+    folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, resumable=False,
+                       continues=lambda p: (p / "study.json").exists())
+    with folder.claim({"config": results["config"]}):
+        return _cut_vs_grown(out_dir, path, results, config, inputs, files, vocab, eval_texts, conllu, task_train,
+                             task_eval, temperature, alpha, device, log)
+
+
+def _cut_vs_grown(out_dir, path, results, config, inputs, files, vocab, eval_texts, conllu, task_train, task_eval,
+                  temperature, alpha, device, log) -> dict:
+    from ..loading import copy_tokenizer
+    from ..models.pretraining import BertForMaskedLM
+    from ..textfiles import read_conllu
+    from ..tokenizer import BertTokenizer
+    from ..tools.surgery import truncate
+    from .pipelines.pretrain import held_examples
+    from .pretrain import evaluate
+
     if "steps" not in config.budgets or len(config.depths) < 2:
         raise InputError(f"{path}: cut vs grown needs the equal-steps budget and two or more depths (the study has "
                          f"budgets {config.budgets}, depths {config.depths})")
@@ -329,11 +461,20 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     if (entry["temperature"], entry["alpha"]) != (temperature, alpha):
         raise InputError(f"{path} holds a comparison distilled at temperature {entry['temperature']}, alpha "
                          f"{entry['alpha']}: give the same, or another study folder")
-    files = corpus_files(corpus)
+    changed = _changed_measures(entry.get("inputs") or {}, inputs) if entry["depths"] else []
+    entry["inputs"] = {**(entry.get("inputs") or {}), **{k: inputs[k] for k, _ in MEASURE_INPUTS if inputs[k] is not None}}
     for sub in ("cut", "distilled", "tasks-cut", "tasks-distilled"):
         (out_dir / sub).mkdir(exist_ok=True)
     for k in sorted(d for d in config.depths if d < deepest):
         if str(k) in entry["depths"]:
+            if changed:  # a new or changed probe / task file: the finished arms measured with it
+                arms = entry["depths"][str(k)]
+                grown = results["runs"][runs[k].name]
+                arms["grown"] = {key: grown[key] for key in grown if key not in asdict(runs[k])}
+                for arm in ("cut", "distilled"):
+                    arms[arm].update(_measure(out_dir / arm / f"L{k}", config, tokenizer, probe_data, task_train,
+                                              task_eval, out_dir / f"tasks-{arm}", None, device, what=changed))
+                write_text_atomic(path, json.dumps(results, indent=2) + "\n")
             continue
         grown = results["runs"][runs[k].name]
         arms = {"grown": {key: grown[key] for key in grown if key not in asdict(runs[k])}}
@@ -343,15 +484,15 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
         copy_tokenizer(vocab, folder)
         arms["cut"] = _loss_measures(evaluate(cut, held, count), tokens=0)
         arms["cut"].update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval, out_dir / "tasks-cut",
-                                      None))
+                                    None, device))
         if log is not None:
             log(f"cut L{deepest} -> {k}: held-out loss {arms['cut']['eval_loss']:.3f} (grown {grown['eval_loss']:.3f}); "
                 f"distilling {config.steps} steps")
         folder = out_dir / "distilled" / f"L{k}"
         arms["distilled"] = _pretrain_one(runs[k], folder, files, out_dir / "store", vocab, eval_texts, config, log,
-                                          teacher=teacher)
+                                          teacher=teacher, device=device)
         arms["distilled"].update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval,
-                                          out_dir / "tasks-distilled", log))
+                                          out_dir / "tasks-distilled", log, device))
         entry["depths"][str(k)] = {arm: arms[arm] for arm in ARMS}
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
     return entry

@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from ..checks import check_fraction, check_positive
+from ..checks import check_fraction, check_positive, check_seed
 from ..errors import InputError
 
 
@@ -128,6 +128,7 @@ class FitConfig:
             raise InputError(f"layer_decay={self.layer_decay!r} must be in (0, 1]")
         if self.bf16 and self.fp16:
             raise InputError("bf16 and fp16 exclude each other")
+        check_seed("seed (--seed)", self.seed)
 
 
 @dataclass
@@ -215,23 +216,31 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
         started, seen, total_loss, batches = time.perf_counter(), 0, 0.0, 0
         bar = _bar(steps_per_epoch * config.accumulate, f"epoch {epoch + 1}/{config.epochs}", config.progress)
         optimizer.zero_grad(set_to_none=True)
+
+        def finite(loss_value, norm=None):  # stop before a non-finite step is taken (or saved)
+            check_finite(model, step + 1, loss_value, norm, lr=config.lr, scaler=scaler,
+                         kept=lambda: (f"the best epoch so far, {history.best_epoch}, is in {out_dir}"
+                                       if history.best_epoch and out_dir else "no epoch had finished: nothing was saved"))
+
         for i, batch in enumerate(train_batches(epoch)):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
                 loss = model(**batch).loss
+            value = float(loss.detach())
+            finite(value)
             scaled = loss.float() / config.accumulate
             (scaler.scale(scaled) if scaler else scaled).backward()
-            total_loss += float(loss.detach())
+            total_loss += value
             batches += 1
             seen += len(batch["input_ids"])
             if (i + 1) % config.accumulate == 0:
-                _step(model, optimizer, scheduler, config, scaler)
+                _step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
                 step += 1
             bar.update(1)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{total_loss / batches:.4f}", ex_s=f"{seen / (time.perf_counter() - started):.1f}")
         if batches % config.accumulate:  # a last, partial accumulation
-            _step(model, optimizer, scheduler, config, scaler)
+            _step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
             step += 1
         bar.close()
         seconds = time.perf_counter() - started
@@ -266,6 +275,40 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
 
 
 STATE_FILE = "training_state.pt"
+
+
+def non_finite_gradient(model: nn.Module) -> str | None:
+    """The name of the first parameter whose gradient holds a NaN or an infinity (None: all finite)."""
+    for name, p in model.named_parameters():
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            return name
+    return None
+
+
+def check_finite(model: nn.Module, step: int, loss: float, grad_norm=None, *, lr: float, kept, scaler=None) -> None:
+    """Stop a run whose loss or gradients stopped being numbers: a ``TrainingStopped`` naming the step,
+    what was not finite, the likely causes and what is kept (``kept``: the last good checkpoint in words,
+    or a function that says it, called only when the run stops). Called before the optimiser step, so the
+    weights are still the last finite ones. Under fp16 loss scaling a non-finite gradient is a step the
+    scaler skips on purpose; only a non-finite loss, or gradients that overflow even at a scale below 1,
+    stop the run."""
+    from ..errors import TrainingStopped
+
+    what = None
+    if not math.isfinite(loss):
+        what = f"the training loss is {loss}"
+    elif grad_norm is not None and not math.isfinite(float(grad_norm)):
+        if scaler is None:
+            what = f"the gradient norm is {float(grad_norm)} (first non-finite gradient: {non_finite_gradient(model)})"
+        elif scaler.get_scale() < 1.0:
+            what = f"the gradients overflow fp16 even at loss scale {scaler.get_scale():g}"
+    if what is None:
+        return
+    kept = kept() if callable(kept) else kept
+    raise TrainingStopped(f"step {step}: {what}. The run is stopped before this step is taken, so nothing non-finite "
+                          f"is saved; {kept}. "
+                          f"Usual causes: a learning rate too high for this model (now {lr:g}), too short a warmup, "
+                          "fp16 overflow (bf16 keeps fp32's range), or inputs the model cannot take")
 
 
 def rng_state() -> dict:
@@ -327,11 +370,15 @@ def _load_state(path: Path, config: FitConfig, device) -> dict | None:
     return saved
 
 
-def _step(model, optimizer, scheduler, config: FitConfig, scaler=None) -> None:
+def _step(model, optimizer, scheduler, config: FitConfig, scaler=None, check=None) -> None:
+    """One optimiser step: unscale (fp16), clip, ``check(gradient norm)`` (which may stop the run), step."""
     if scaler is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-    if config.max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm if config.max_grad_norm is not None
+                                          else math.inf)  # with no limit: the norm alone, nothing clipped
+    if check is not None:
+        check(norm)
     if scaler is not None:
         scaler.step(optimizer)  # skipped when the gradients overflowed
         scaler.update()

@@ -42,12 +42,12 @@ import torch
 from torch import nn
 
 from ..analysis.timeline import snapshot_folder
-from ..checks import check_fraction, check_positive
+from ..checks import check_fraction, check_positive, check_seed
 from ..errors import InputError
 from ..loading import copy_tokenizer
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
-from .loop import parameter_groups, rng_state, set_rng_state
+from .loop import check_finite, parameter_groups, rng_state, set_rng_state
 from .pretrain_data import Examples
 
 SCHEDULES = ("linear", "cosine")
@@ -95,6 +95,7 @@ class PretrainConfig:
             raise InputError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
         if self.bf16 and self.fp16:
             raise InputError("bf16 and fp16 exclude each other")
+        check_seed("seed (--seed)", self.seed)
 
     def total_steps(self, max_length: int) -> int:
         if self.steps is not None:
@@ -257,8 +258,11 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
             start, consumed = saved["step"], saved["consumed"]
             if log is not None and rank == 0:
                 log(f"resuming from {found[-1]} (step {start} of {steps})")
-        elif log is not None and rank == 0:
-            log(f"resume: no checkpoint in {out_dir / 'checkpoints'}: starting from step 0")
+        elif rank == 0:
+            import warnings
+
+            warnings.warn(f"resume: no checkpoint in {out_dir / 'checkpoints'} (nothing to resume): starting from "
+                          "step 0", stacklevel=2)
     trained = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -268,6 +272,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         _trim_log(log_path, start)
+    last = _last_record(log_path) if start else {}  # a resumed run that has no step left keeps what it logged
     from ..tools.progress import progress_bar
 
     bar = progress_bar(steps, "pretraining", config.progress and rank == 0)
@@ -278,7 +283,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
     keep_at = set(snapshot_steps(steps, config.snapshots))
     if rank == 0 and start == 0 and 0 in keep_at:
         _save_snapshot(out_dir, model, 0, tokenizer_source)
-    started, window_tokens, window_loss, window_steps, last = time.perf_counter(), 0, 0.0, 0, {}
+    started, window_tokens, window_loss, window_steps = time.perf_counter(), 0, 0.0, 0
     per_step = config.batch_size * config.accumulate
     for step in range(start, steps):
         step_loss = 0.0
@@ -306,8 +311,10 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
             window_tokens += int(batch["attention_mask"].sum())
         if scaler is not None:
             scaler.unscale_(optimizer)
-        if config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                              config.max_grad_norm if config.max_grad_norm is not None else math.inf)
+        check_finite(model, step + 1, step_loss, norm, lr=config.lr, scaler=scaler,  # before the step is taken
+                     kept=lambda: _last_good(out_dir))
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
@@ -359,7 +366,35 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
         model.save_pretrained(out_dir)
         write_text_atomic(out_dir / "pretrain.json", json.dumps({"config": config.recorded(), "steps": steps,
                                                                   "examples": consumed, "last": last}, indent=2) + "\n")
-    return {**last, "steps": steps, "examples": consumed}
+    return {**last, "steps": steps, "examples": consumed, **({"resumed_from": start} if start else {})}
+
+
+def _last_good(out_dir: Path) -> str:
+    """Where a stopped run's last good weights are, in words."""
+    found = checkpoints(out_dir)
+    return (f"the last good checkpoint is {found[-1]}" if found
+            else "no checkpoint had been written, so none is kept (--save-every sets how often)")
+
+
+def _records(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) for each record of a run's log.jsonl; a line a kill cut short is left out."""
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            found.append((line, record))
+    return found
+
+
+def _last_record(path: Path) -> dict:
+    """The last record of a run's log.jsonl ({} when none): what the run's summary ends with."""
+    records = _records(path)
+    return records[-1][1] if records else {}
 
 
 def _trim_log(path: Path, step: int) -> None:
@@ -367,12 +402,5 @@ def _trim_log(path: Path, step: int) -> None:
     cut short is dropped."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("step", 0) <= step:
-            kept.append(line)
+    kept = [line for line, record in _records(path) if record.get("step", 0) <= step]
     write_text_atomic(path, "".join(line + "\n" for line in kept))

@@ -292,9 +292,9 @@ class Examples:
 
     def __init__(self, store: TokenStore, tokenizer, *, max_length: int = 128, nsp: bool = False,
                  rule: MaskingRule = MaskingRule(), seed: int = 0):
-        from ..checks import check_index
+        from ..checks import check_max_length
 
-        check_index("max_length", max_length, 8, 1 << 16, "room for [CLS], [SEP] and text")
+        check_max_length("max_length (--max-length)", max_length, 1 << 16, pair=nsp)  # the model's limit: by the caller
         if store.meta["vocabulary_sha256"] != vocabulary_hash(tokenizer):
             raise InputError(f"the token store {store.folder} was made with another vocabulary than this tokenizer's")
         self.store, self.max_length, self.nsp, self.rule, self.seed = store, max_length, nsp, rule, seed
@@ -359,8 +359,16 @@ class MixedExamples(Examples):
         return (self.other if draw < self.share else self.main).example(number)
 
 
-def corpus_files(paths: Sequence) -> list[Path]:
-    """Corpus files named directly or found in folders (``*.txt``, ``*.jsonl``), sorted within a folder."""
+def corpus_files(paths: Sequence, what: str = "corpus file") -> list[Path]:
+    """Corpus files named directly or found in folders (``*.txt``, ``*.jsonl``), sorted within a folder;
+    every one checked to exist and be readable before any is read (a missing last file is found before the
+    first is tokenised)."""
+    import os
+
+    from ..errors import not_found
+
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
     files = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -368,6 +376,15 @@ def corpus_files(paths: Sequence) -> list[Path]:
             if not found:
                 raise InputError(f"{p} holds no .txt or .jsonl file")
             files += found
+        elif not p.exists():
+            raise not_found(p, what)
         else:
             files.append(p)
+    for f in files:
+        if not f.is_file():
+            raise InputError(f"{what} {str(f)!r} is not a regular file")
+        if not os.access(f, os.R_OK):
+            raise InputError(f"{what} {str(f)!r} is not readable (permissions)")
+    if not files:
+        raise InputError(f"no {what} given")
     return files

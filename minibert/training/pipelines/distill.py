@@ -21,7 +21,8 @@ from ...tools.surgery import check_dropout, dropout, freeze
 from ..distill import (TaskDistiller, augment_texts, default_blocks, distill_embeddings, embed, embedding_agreement,
                        init_student, parse_layer_map)
 from ..loop import FitConfig, History, epoch_reporter, fit
-from .skeleton import check_labels, check_length, check_out_dir, read_task_data
+from .skeleton import (check_labels, check_length, finished_history, fit_resume_hint, read_task_data, resolved,
+                       resumed_line, run_folder)
 
 #: the k of the top-k overlap the agreement reports
 AGREEMENT_K = 10
@@ -47,7 +48,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                    config: FitConfig = FitConfig(epochs=3, lr=5e-4), batch_size: int = 32,
                    max_length: int | None = 128, group_by_length: bool = False,
                    student_dropout: float | None = 0.0, augment: int = 0, cache_teacher: bool = False,
-                   freeze_embeddings: bool = False, k: int = AGREEMENT_K,
+                   freeze_embeddings: bool = False, k: int = AGREEMENT_K, overwrite: bool = False,
                    log: Callable[[str], None] | None = None) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``student_blocks`` (default
     every other), hold 5 % of ``texts`` out when no ``eval_texts`` are given (at least ``2k + 1``: the
@@ -58,10 +59,14 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
 
     A teacher that is a sentence-transformers folder gives its pooling and normalisation as the defaults
     (``pooling`` / ``normalize`` None; otherwise mean, not normalised), and the student is written with the
-    same folder settings (modules.json, pooling config, max_seq_length), so it embeds as its teacher does."""
+    same folder settings (modules.json, pooling config, max_seq_length), so it embeds as its teacher does.
+
+    ``out_dir`` follows the output-folder rule (``outputs.RunFolder``; ``config.resume``, ``overwrite``)."""
     from ...compat.sentence import SentenceEncoder, is_sentence_folder
 
-    out_dir = check_out_dir(out_dir)
+    config.check()
+    folder = run_folder(out_dir, "distill", reads={"--teacher": teacher_source}, config=config, overwrite=overwrite)
+    out_dir = folder.path
     if student_dropout is not None:
         check_dropout(student_dropout)
     check_index("augment (texts to make)", augment, 0, 10**9)
@@ -85,8 +90,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                else f"; training on {len(texts)} texts"))
     if augment:
         texts = texts + augment_texts(texts, augment, seed=config.seed)
-    folder = is_sentence_folder(teacher_source)
-    settings = SentenceEncoder.from_pretrained(teacher_source) if folder else None
+    settings = SentenceEncoder.from_pretrained(teacher_source) if is_sentence_folder(teacher_source) else None
     if settings is not None:
         if pooling is None and len(settings.pooling) != 1:
             raise InputError(f"{teacher_source} pools {'+'.join(settings.pooling)}; distillation matches one pooling "
@@ -107,25 +111,51 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
         freeze(student, embeddings=True)
     if isinstance(layer_map, str):
         layer_map = parse_layer_map(layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-    before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
-                                 embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
-    history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
-                                 normalize=normalize, similarity_weight=similarity_weight,
-                                 hidden_weight=hidden_weight, attention_weight=attention_weight,
-                                 layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
-                                 group_by_length=group_by_length, student_dropout=student_dropout,
-                                 cache_teacher=cache_teacher, out_dir=out_dir, log=log, k=k)
-    copy_tokenizer(teacher_source, out_dir)
-    if settings is not None:  # the student embeds as its teacher does: the same folder settings
-        kept = SentenceEncoder(student, tokenizer, pooling=[pooling], normalize=normalize,
-                               max_seq_length=settings.max_seq_length, do_lower_case=settings.do_lower_case)
-        kept.save_settings(out_dir)
-        if log is not None:
-            log(f"the student keeps {teacher_source}'s sentence-transformers settings: pooling {pooling}"
-                f"{', normalized' if normalize else ''}, max_seq_length {settings.max_seq_length} (modules.json, "
-                "1_Pooling/config.json, sentence_bert_config.json written)")
+    recorded = {"mode": "embeddings", "teacher": resolved(teacher_source), "texts": _texts_hash(texts),
+                "eval_texts": _texts_hash(eval_texts), "student_blocks": blocks, "pooling": pooling,
+                "normalize": normalize, "similarity_weight": similarity_weight, "hidden_weight": hidden_weight,
+                "attention_weight": attention_weight, "layer_map": layer_map, "batch_size": batch_size,
+                "max_length": max_length, "group_by_length": group_by_length, "student_dropout": student_dropout,
+                "augment": augment, "cache_teacher": cache_teacher, "freeze_embeddings": freeze_embeddings, "k": k}
+    with folder.claim(recorded) as run:
+        run.resume_hint = lambda: fit_resume_hint(out_dir, folder.shown, config.epochs)
+        if run.finished:
+            history = finished_history(out_dir, folder.shown)
+            kept = run.finished_summary("run") or {}
+            return CorpusRun(history, kept.get("before", {}), blocks, kept.get("held_out", len(eval_texts)), split,
+                             pooling, normalize, settings is not None, kept.get("trained_on", len(texts)))
+        if config.resume and log is not None and resumed_line(out_dir, folder.shown, config.epochs):
+            log(resumed_line(out_dir, folder.shown, config.epochs))
+        before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
+                                     embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
+        history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
+                                     normalize=normalize, similarity_weight=similarity_weight,
+                                     hidden_weight=hidden_weight, attention_weight=attention_weight,
+                                     layer_map=layer_map, config=config, batch_size=batch_size, max_length=max_length,
+                                     group_by_length=group_by_length, student_dropout=student_dropout,
+                                     cache_teacher=cache_teacher, out_dir=out_dir, log=log, k=k)
+        copy_tokenizer(teacher_source, out_dir)
+        if settings is not None:  # the student embeds as its teacher does: the same folder settings
+            kept = SentenceEncoder(student, tokenizer, pooling=[pooling], normalize=normalize,
+                                   max_seq_length=settings.max_seq_length, do_lower_case=settings.do_lower_case)
+            kept.save_settings(out_dir)
+            if log is not None:
+                log(f"the student keeps {teacher_source}'s sentence-transformers settings: pooling {pooling}"
+                    f"{', normalized' if normalize else ''}, max_seq_length {settings.max_seq_length} (modules.json, "
+                    "1_Pooling/config.json, sentence_bert_config.json written)")
+        run.note(run={"before": before, "held_out": len(eval_texts), "trained_on": len(texts)})
     return CorpusRun(history, before, blocks, len(eval_texts), split, pooling, normalize,
                      settings is not None, len(texts))
+
+
+def _texts_hash(texts) -> str:
+    """What a list of texts a run was given is, in a record: their count and sha256."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8") + b"\n")
+    return f"{len(texts)} texts, sha256 {h.hexdigest()[:16]}"
 
 
 def split_held_out(texts: Sequence[str], share: float = 0.05, limit: int = 1000, seed: int = 0,
@@ -148,7 +178,7 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
                  attention_weight: float = 0.0, layer_map: dict[int, int] | str | None = None, text_column: str = "text",
                  pair_column: str | None = None, label_column: str = "label", tag_column: str = "upos",
                  config: FitConfig = FitConfig(), batch_size: int = 16, max_length: int = 128,
-                 student_dropout: float | None = None,
+                 student_dropout: float | None = None, overwrite: bool = False,
                  log: Callable[[str], None] | None = print) -> tuple[History, dict]:
     """Distil a fine-tuned classifier (``task="classify"``) or tagger (``"tag"``) into a student made of
     ``student_blocks`` of its blocks; the student is evaluated after each epoch as ``minibert finetune``
@@ -158,7 +188,9 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
     classifier trained on few labels."""
     if task not in ("classify", "tag"):
         raise InputError(f"task {task!r}: distillation with soft targets takes 'classify' or 'tag'")
-    out_dir = check_out_dir(out_dir)
+    config.check()
+    folder = run_folder(out_dir, "distill", reads={"--teacher": teacher_source}, config=config, overwrite=overwrite)
+    out_dir = folder.path
     if student_dropout is not None:
         check_dropout(student_dropout)
     cls = BertForSequenceClassification if task == "classify" else BertForTokenClassification
@@ -173,17 +205,30 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
     check_labels(label2id, data.labels("train") + data.labels("held"), "the data",
                  f"the teacher {teacher_source} does not predict")
     check_length(teacher, tokenizer, data, max_length)
-    batches = data.batches(tokenizer, label2id, batch_size=batch_size, max_length=max_length, seed=config.seed)
-    score = data.evaluator(tokenizer, max_length=max_length)
-    metric = data.metric
-    teacher_score = score(teacher)
-    if log is not None:
-        log(f"teacher ({teacher.config.num_hidden_layers} blocks): "
-            + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
-    distiller = TaskDistiller(teacher, student, temperature=temperature, alpha=alpha, hidden_weight=hidden_weight,
-                              attention_weight=attention_weight, layer_map=layer_map)
-    with contextlib.nullcontext() if student_dropout is None else dropout(student, student_dropout):
-        history = fit(distiller, batches, config=config, evaluate=lambda m: score(m.student), metric=metric,
-                      out_dir=out_dir, on_epoch_end=epoch_reporter(log, config.epochs, loss_digits=5))
-    copy_tokenizer(teacher_source, out_dir)
+    recorded = {"mode": "task", "task": task, "teacher": resolved(teacher_source), "train": resolved(train_path),
+                "eval": resolved(eval_path), "student_blocks": list(student_blocks) if student_blocks else None,
+                "temperature": temperature, "alpha": alpha, "hidden_weight": hidden_weight,
+                "attention_weight": attention_weight, "layer_map": layer_map, "text_column": text_column,
+                "pair_column": pair_column, "label_column": label_column, "batch_size": batch_size,
+                "max_length": max_length, "student_dropout": student_dropout}
+    with folder.claim(recorded) as run:
+        run.resume_hint = lambda: fit_resume_hint(out_dir, folder.shown, config.epochs)
+        if run.finished:
+            return finished_history(out_dir, folder.shown), run.finished_summary("teacher_score") or {}
+        batches = data.batches(tokenizer, label2id, batch_size=batch_size, max_length=max_length, seed=config.seed)
+        score = data.evaluator(tokenizer, max_length=max_length)
+        metric = data.metric
+        teacher_score = score(teacher)
+        if log is not None:
+            log(f"teacher ({teacher.config.num_hidden_layers} blocks): "
+                + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
+            if config.resume and resumed_line(out_dir, folder.shown, config.epochs):
+                log(resumed_line(out_dir, folder.shown, config.epochs))
+        distiller = TaskDistiller(teacher, student, temperature=temperature, alpha=alpha, hidden_weight=hidden_weight,
+                                  attention_weight=attention_weight, layer_map=layer_map)
+        with contextlib.nullcontext() if student_dropout is None else dropout(student, student_dropout):
+            history = fit(distiller, batches, config=config, evaluate=lambda m: score(m.student), metric=metric,
+                          out_dir=out_dir, on_epoch_end=epoch_reporter(log, config.epochs, loss_digits=5))
+        copy_tokenizer(teacher_source, out_dir)
+        run.note(teacher_score=teacher_score)
     return history, teacher_score

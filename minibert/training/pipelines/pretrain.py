@@ -15,8 +15,10 @@ The geometries are the BERT miniatures of Turc et al. 2019 (layers x hidden, hea
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,7 +26,6 @@ from ...config import BertConfig
 from ...errors import InputError
 from ...hardware import training_device
 from ...loading import copy_tokenizer
-from ...textfiles import output_dir
 from ...tokenizer import BertTokenizer
 from .. import ddp
 from ..pretrain import PretrainConfig, pretrain
@@ -61,120 +62,208 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                     intermediate: int | None = None, vocab: str | None = None, max_length: int = 128,
                     nsp: bool = False, whole_word: bool = False, mask: float = 0.15,
                     config: PretrainConfig = PretrainConfig(steps=1000), eval_texts=None, mix: str | None = None,
-                    dropout: float | None = None, resume: bool = False, store=None, teacher=None,
-                    temperature: float = 2.0, alpha: float = 0.5, untied: bool = False, device=None,
-                    log: Callable[[str], None] | None = None) -> dict:
+                    dropout: float | None = None, resume: bool = False, overwrite: bool = False, store=None,
+                    teacher=None, temperature: float | None = None, alpha: float | None = None,
+                    untied: bool = False, device=None, log: Callable[[str], None] | None = None) -> dict:
     """The whole command (see the module docstring). ``dropout``: every dropout of the model at this
     probability while it trains (None: the config's, 0.1 from scratch). ``store``: the corpus' token store
     folder (default OUT/store; runs on one corpus and vocabulary can share one). ``teacher``: a masked-LM
     folder (or ``BertForMaskedLM``) the model also learns from, DistilBERT's way
-    (``distill.MaskedLMDistiller`` with ``temperature`` and ``alpha``; not with NSP). ``untied``: from
-    scratch, a masked-LM decoder of its own instead of the word embeddings (``untied.py``; not BERT,
-    an ablation). ``device``: where the model trains ("cpu", "cuda", "cuda:N"; None: the CPU; fp16 needs
-    CUDA). Returns ``pretrain``'s summary."""
-    from ...checks import check_fraction
-    from ...models.pretraining import BertForMaskedLM, BertForPreTraining
+    (``distill.MaskedLMDistiller`` with ``temperature``, default 2, and ``alpha``, default 0.5; not with
+    NSP). ``untied``: from scratch, a masked-LM decoder of its own instead of the word embeddings
+    (``untied.py``; not BERT, an ablation). ``device``: where the model trains ("cpu", "cuda", "cuda:N";
+    None: the CPU; fp16 needs CUDA).
 
+    ``out_dir`` follows the output-folder rule (``outputs.RunFolder``): not a model folder read here, empty
+    or new unless ``resume`` (the unfinished run there goes on, same settings; a finished one has nothing
+    to resume and is returned as it is) or ``overwrite`` (replaced). Every argument and file is checked
+    before anything is created. Returns ``pretrain``'s summary."""
+    from ...checks import check_fraction, check_max_length
+    from ...models.pretraining import BertForMaskedLM, BertForPreTraining
+    from ...outputs import RunFolder
+    from ...tools.surgery import check_dropout, dropout as dropout_at
+
+    # everything that can be checked without loading anything, before any file is created
     config.check()
     where = training_device(device)
     if config.fp16 and where.type != "cuda":
         raise InputError("--fp16 needs a CUDA device (--device cuda); on a CPU use --bf16")
-    out_dir = output_dir(out_dir)  # before any work
-    rank = ddp.init()[0] if ddp.is_distributed() else 0
-    if rank != 0:
-        log = None  # process 0 alone speaks
     check_fraction("--mask", mask)
     if not 0 < mask:
         raise InputError("--mask must be more than 0: a masked-LM needs masked tokens")
-    if teacher is not None:
+    if dropout is not None:
+        check_dropout(dropout)
+    if teacher is None:
+        if temperature is not None or alpha is not None:
+            raise InputError("--temperature and --alpha go with --teacher (distillation while pre-training)")
+    else:
         if nsp:
             raise InputError("a teacher distils the masked-LM predictions only: leave out --nsp")
+        temperature = 2.0 if temperature is None else temperature
+        alpha = 0.5 if alpha is None else alpha
         check_fraction("--alpha", alpha, closed=True)
         if not temperature > 0:
             raise InputError(f"--temperature {temperature!r} must be > 0")
-    files = corpus_files(corpus)
-    cls = BertForPreTraining if nsp else BertForMaskedLM
     scratch = model is None
     if untied and not scratch:
         raise InputError("--untied makes a new decoder from scratch: a continued model keeps its checkpoint's head "
                          "(config.json's tie_word_embeddings)")
+    if scratch and vocab is None:
+        raise InputError("from scratch, give --vocab FOLDER (a vocab.txt and tokenizer_config.json, e.g. "
+                         "weights/all-MiniLM-L6-v2): the ids the model learns")
+    if not scratch and any(v is not None for v in (geometry, layers, hidden, heads, intermediate, vocab)):
+        raise InputError("--model continues a checkpoint (its geometry and vocabulary): leave out --geometry, "
+                         "--layers, --hidden, --heads, --intermediate and --vocab")
+    check_max_length("--max-length", max_length, 1 << 16, pair=nsp)  # the model's own limit: below
+    files = corpus_files(corpus)  # every file exists and is readable, before the first is tokenised
+    eval_files = corpus_files([eval_texts], "--eval-texts file") if eval_texts is not None else None
+    mix_share = None
+    if mix is not None:
+        path, _, share = mix.rpartition(":")
+        try:
+            mix_share = float(share)
+        except ValueError:
+            raise InputError(f"--mix {mix!r}: give FILE:share, e.g. general.txt:0.2") from None
+        check_fraction("--mix share", mix_share)
+        if not path:
+            raise InputError(f"--mix {mix!r}: give FILE:share, e.g. general.txt:0.2")
+        mix_files = corpus_files([path], "--mix file")
+    rank = ddp.rank()
+    folder = RunFolder(out_dir, command="pretrain", reads={"--model": model, "--teacher": teacher, "--vocab": vocab},
+                       resume=resume, overwrite=overwrite, writer=rank == 0)
+    out_dir = folder.path
+    if rank != 0:
+        log = None  # process 0 alone speaks
+
+    # the vocabulary and the model (loaded or built: nothing is written yet)
+    cls = BertForPreTraining if nsp else BertForMaskedLM
     if scratch:
-        if vocab is None:
-            raise InputError("from scratch, give --vocab FOLDER (a vocab.txt and tokenizer_config.json, e.g. "
-                             "weights/all-MiniLM-L6-v2): the ids the model learns")
         tokenizer = BertTokenizer.from_pretrained(vocab)
         bert_config = geometry_config(len(tokenizer.vocab), geometry=geometry, layers=layers, hidden=hidden,
                                       heads=heads, intermediate=intermediate)
         bert_config = dataclasses.replace(bert_config, tie_word_embeddings=not untied)
-    else:
-        if any(v is not None for v in (geometry, layers, hidden, heads, intermediate, vocab)):
-            raise InputError("--model continues a checkpoint (its geometry and vocabulary): leave out --geometry, "
-                             "--layers, --hidden, --heads, --intermediate and --vocab")
-        tokenizer = BertTokenizer.from_pretrained(model)
-    if scratch and max_length > bert_config.max_position_embeddings:
-        raise InputError(f"--max-length {max_length} is more than the model's {bert_config.max_position_embeddings} "
-                         "positions")
-    if teacher is not None:  # before any work: the teacher loads and predicts this vocabulary's words
-        if not isinstance(teacher, BertForMaskedLM):
-            teacher = BertForMaskedLM.from_pretrained(teacher).to(where)
-        tokenizer.check_fits(teacher.config, "the teacher")
-    rule = MaskingRule(probability=mask, whole_word=whole_word)
-    store = _store(files, tokenizer, out_dir / "store" if store is None else Path(store), config.progress, log)
-    examples = Examples(store, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=config.seed)
-    if mix is not None:
-        path, _, share = mix.rpartition(":")
-        try:
-            share = float(share)
-        except ValueError:
-            raise InputError(f"--mix {mix!r}: give FILE:share, e.g. general.txt:0.2") from None
-        check_fraction("--mix share", share)
-        other = _store(corpus_files([path]), tokenizer, out_dir / "mix-store", config.progress, log)
-        examples = MixedExamples(examples, Examples(other, tokenizer, max_length=max_length, nsp=nsp, rule=rule,
-                                                    seed=config.seed + 1), share)
-    held = None
-    if eval_texts is not None:
-        held = held_examples(eval_texts, tokenizer, out_dir / "eval-store", max_length=max_length, nsp=nsp, rule=rule,
-                             progress=config.progress, log=log)
-        config = dataclasses.replace(config, eval_examples=min(config.eval_examples, held.per_epoch))
-    if scratch:
+        check_max_length("--max-length", max_length, bert_config.max_position_embeddings, pair=nsp)
+        check_training_memory(bert_config, config, max_length, log)
         net = cls.from_config(bert_config, seed=config.seed)
-        if log is not None:
+    else:
+        tokenizer = BertTokenizer.from_pretrained(model)
+        net = cls.from_pretrained(model, seed=config.seed).train()
+        check_max_length("--max-length", max_length, net.config.max_position_embeddings, pair=nsp)
+    tokenizer.check_fits(net.config, "the model")
+    if teacher is not None:  # the teacher loads and predicts this vocabulary's words
+        if not isinstance(teacher, BertForMaskedLM):
+            teacher = BertForMaskedLM.from_pretrained(teacher)
+        tokenizer.check_fits(teacher.config, "the teacher")
+    if ddp.is_distributed():
+        ddp.init()
+    rule = MaskingRule(probability=mask, whole_word=whole_word)
+    source = vocab if scratch else model  # the tokenizer files every checkpoint and snapshot gets
+    shape = net.config  # the geometry as built: --geometry tiny and --layers 2 --hidden 128 are the same run
+    settings = {"corpus": [str(f.resolve()) for f in files], "model": _where(model), "vocab": _where(vocab),
+                "layers": shape.num_hidden_layers, "hidden": shape.hidden_size, "heads": shape.num_attention_heads,
+                "intermediate": shape.intermediate_size, "untied": untied, "max_length": max_length, "nsp": nsp, "whole_word": whole_word, "mask": mask,
+                "mix": None if mix is None else [str(mix_files[0].resolve()), mix_share],
+                "eval_texts": None if eval_files is None else [str(f.resolve()) for f in eval_files], "dropout": dropout,
+                "teacher": _where(teacher), "temperature": temperature, "alpha": alpha,
+                **{k: v for k, v in config.recorded().items() if k not in CHANGEABLE}}
+
+    with folder.claim(settings) as run:
+        run.resume_hint = lambda: resume_hint(out_dir, folder.shown)
+        if run.finished:
+            summary = run.finished_summary("pretrain") or {}
+            message = (f"nothing to resume: {folder.shown} holds a finished run ({summary.get('steps', '?')} steps); "
+                       "--overwrite trains it again from the start, --model continues from its weights in a new run")
+            warnings.warn(message, stacklevel=2)
+            return {**summary, "nothing_to_resume": True}
+        if run.state == "new" and resume:
+            warnings.warn(f"resume: {folder.shown} holds no run (nothing to resume): starting from step 0",
+                          stacklevel=2)
+        store_folder = out_dir / "store" if store is None else Path(store)
+        store_ = _store(files, tokenizer, store_folder, config.progress, log)
+        examples = Examples(store_, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=config.seed)
+        if mix is not None:
+            other = _store(mix_files, tokenizer, out_dir / "mix-store", config.progress, log)
+            examples = MixedExamples(examples, Examples(other, tokenizer, max_length=max_length, nsp=nsp, rule=rule,
+                                                        seed=config.seed + 1), mix_share)
+        held = None
+        if eval_texts is not None:
+            held = held_examples(eval_texts, tokenizer, out_dir / "eval-store", max_length=max_length, nsp=nsp,
+                                 rule=rule, progress=config.progress, log=log)
+            config = dataclasses.replace(config, eval_examples=min(config.eval_examples, held.per_epoch))
+        if scratch and log is not None:
             log(f"from scratch: {bert_config.num_hidden_layers} x {bert_config.hidden_size}, "
                 f"{bert_config.num_attention_heads} heads, FFN {bert_config.intermediate_size}, vocabulary "
                 f"{bert_config.vocab_size:,}{', untied decoder' if untied else ''} "
                 f"({sum(p.numel() for p in net.parameters()):,} parameters)")
-    else:
-        net = cls.from_pretrained(model, seed=config.seed).train()
-        if net.config.max_position_embeddings < max_length:
-            raise InputError(f"--max-length {max_length} is more than {model}'s "
-                             f"{net.config.max_position_embeddings} positions")
-    tokenizer.check_fits(net.config, "the model")
-    net.to(where)
-    if teacher is not None and next(teacher.parameters()).device != where:
-        teacher = copy.deepcopy(teacher).to(where)  # the caller's teacher stays where it is
-    trained = net
-    if teacher is not None:
-        from ..distill import MaskedLMDistiller
+        net.to(where)
+        if teacher is not None and next(teacher.parameters()).device != where:
+            teacher = copy.deepcopy(teacher).to(where)  # the caller's teacher stays where it is
+        trained = net
+        if teacher is not None:
+            from ..distill import MaskedLMDistiller
 
-        trained = MaskedLMDistiller(teacher, net, temperature=temperature, alpha=alpha)
-    if log is not None:
-        steps = config.total_steps(max_length)
-        log(f"{store}; {examples.per_epoch:,} examples of {max_length} tokens an epoch; {steps:,} steps of "
-            f"{config.batch_size * config.accumulate} examples ({steps * config.batch_size * config.accumulate / examples.per_epoch:.2f} epochs)")
-    from ...tools.surgery import check_dropout, dropout as dropout_at
-
-    source = vocab if scratch else model  # the tokenizer files every checkpoint and snapshot gets
-    if dropout is None:
-        summary = pretrain(trained, examples, config, out_dir, eval_examples=held, resume=resume,
-                           tokenizer_source=source, log=log)
-    else:
-        check_dropout(dropout)
-        with dropout_at(net, dropout):
+            trained = MaskedLMDistiller(teacher, net, temperature=temperature, alpha=alpha)
+        if log is not None:
+            steps = config.total_steps(max_length)
+            log(f"{store_}; {examples.per_epoch:,} examples of {max_length} tokens an epoch; {steps:,} steps of "
+                f"{config.batch_size * config.accumulate} examples "
+                f"({steps * config.batch_size * config.accumulate / examples.per_epoch:.2f} epochs)")
+        with (dropout_at(net, dropout) if dropout is not None else contextlib.nullcontext()):
             summary = pretrain(trained, examples, config, out_dir, eval_examples=held, resume=resume,
                                tokenizer_source=source, log=log)
-    if rank == 0:
-        copy_tokenizer(source, out_dir)
+        if rank == 0:
+            copy_tokenizer(source, out_dir)
+            run.note(pretrain=summary)
     return summary
+
+
+#: settings a resumed run may change (how often it logs, evaluates, saves; what it keeps)
+CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots")
+
+
+def _where(source):
+    """A model source as a run records it: a local path resolved, a hub id as it is, a model object by class."""
+    if source is None or isinstance(source, str) and not Path(source).expanduser().exists():
+        return source
+    if isinstance(source, (str, Path)):
+        return str(Path(source).expanduser().resolve())
+    return f"<{type(source).__name__} object>"
+
+
+def resume_hint(out_dir: Path, shown: str) -> str:
+    """Where an interrupted pre-training run in ``out_dir`` can go on from, in words."""
+    from ..pretrain import checkpoints
+
+    found = checkpoints(Path(out_dir))
+    if found:
+        return (f"{shown} can be resumed from step {int(found[-1].name.split('-')[1])} ({found[-1]}): run the same "
+                "command with --resume")
+    return (f"{shown} has no checkpoint yet (--save-every N writes them): the same command with --resume starts "
+            "again from step 0")
+
+
+def check_training_memory(bert_config, config: PretrainConfig, max_length: int, log=None) -> None:
+    """Say what a model from scratch will take while it trains when that is large -- fp32 weights, gradients
+    and AdamW's two moments (16 bytes a parameter), the activations autograd keeps for a micro-batch
+    (``tools.accounting.activation_memory``) and the masked-LM logits at the masked tokens -- and refuse one
+    that cannot fit in this machine's memory."""
+    from ...hardware import memory_bytes
+    from ...tools.accounting import activation_memory, parameter_counts
+
+    params = parameter_counts(bert_config)["total"]
+    weights = 16 * params
+    masked = round(config.batch_size * max_length * 0.15)
+    activations = activation_memory(bert_config, config.batch_size, max_length)["training"] + 8 * masked * bert_config.vocab_size
+    total, available = weights + activations, memory_bytes()
+    described = (f"a {bert_config.num_hidden_layers} x {bert_config.hidden_size} model from scratch has "
+                 f"{params:,} parameters: about {weights / 2**30:.1f} GiB for the weights, gradients and AdamW's "
+                 f"moments, and {activations / 2**30:.1f} GiB of activations a micro-batch of "
+                 f"{config.batch_size} x {max_length}")
+    if available and total > available:
+        raise InputError(f"{described}: more than this machine's {available / 2**30:.1f} GiB; choose a smaller "
+                         "geometry, --batch-size or --max-length")
+    if total > 2**31:
+        warnings.warn(f"{described}", stacklevel=3)
 
 
 def held_examples(eval_texts, tokenizer, folder, *, max_length: int, nsp: bool = False, rule: MaskingRule = MaskingRule(),

@@ -9,19 +9,75 @@ from typing import Callable, Sequence
 
 from ...checks import check_max_length, model_limit
 from ...errors import InputError
-from ...textfiles import output_dir
 from .. import metrics
 from ..data import classification_batches, tag_words, tagging_batches
 from ..datasets import read_table, read_tagged
+from ..loop import STATE_FILE, History
 
 #: what each task keeps the best epoch by (tags: by their scheme, see ``TaskData.metric``)
 TASK_METRIC = {"classify": "accuracy", "regress": "pearson", "tag": "entity_f1"}
 
 
-def check_out_dir(out_dir) -> Path:
-    """The output folder as a Path, checked before any work by ``textfiles.output_dir``'s rule (an existing
-    writable folder, or a new last level under an existing parent; created on the first save)."""
-    return output_dir(out_dir, "--out")
+def run_folder(out_dir, command: str, *, reads: dict, config, overwrite: bool = False):
+    """The output folder of a pipeline that runs ``fit``, checked before any work by the output-folder rule
+    (``outputs.RunFolder``: not a model folder it reads, empty or new unless ``config.resume`` or
+    ``overwrite``); under torchrun the first process alone takes it. ``claim()`` it around the writing."""
+    from ...outputs import RunFolder
+    from .. import ddp
+
+    return RunFolder(out_dir, command=command, reads=reads, resume=config.resume, overwrite=overwrite,
+                     writer=ddp.rank() == 0)
+
+
+def resolved(path) -> str | None:
+    """A path as a run records it: absolute, so that a resume from another folder compares alike."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    return str(p.resolve()) if p.exists() else str(path)
+
+
+def fit_resume_hint(out_dir, shown: str, epochs: int) -> str:
+    """Where an interrupted ``fit`` run can go on from, in words (its metrics.json counts the finished epochs)."""
+    done = _epochs_done(out_dir)
+    if done and (Path(out_dir) / STATE_FILE).exists():
+        return (f"{shown} can be resumed after epoch {done} of {epochs}: run the same command with --resume")
+    return f"no epoch of {shown} had finished: the same command with --resume starts from the first epoch"
+
+
+def resumed_line(out_dir, shown: str, epochs: int) -> str | None:
+    """"resuming DIR after epoch k of n" when there is a finished epoch to go on from (``fit`` warns when
+    there is none)."""
+    done = _epochs_done(out_dir)
+    if done and (Path(out_dir) / STATE_FILE).exists():
+        return f"resuming {shown} after epoch {done} of {epochs}"
+    return None
+
+
+def _epochs_done(out_dir) -> int:
+    from ...textfiles import read_json
+
+    path = Path(out_dir) / "metrics.json"
+    if not path.exists():
+        return 0
+    try:
+        return len(read_json(path).get("epochs") or [])
+    except InputError:
+        return 0
+
+
+def finished_history(out_dir, shown: str) -> History:
+    """A finished run's History, read back from its metrics.json, with a warning that there was nothing to
+    resume (and nothing is written)."""
+    from ...textfiles import read_json
+
+    saved = read_json(Path(out_dir) / "metrics.json")
+    history = History(**{k: saved.get(k) for k in ("epochs", "best_epoch", "best_metric", "metric")})
+    history.epochs = history.epochs or []
+    history.nothing_to_resume = True
+    warnings.warn(f"nothing to resume: {shown} holds a finished run (best epoch {history.best_epoch}); nothing is "
+                  "written: --overwrite trains it again", stacklevel=3)
+    return history
 
 
 def check_length(model, tokenizer, data: "TaskData", max_length: int) -> int:
