@@ -241,11 +241,13 @@ def fetch_more(target: Path = ROOT / "more") -> Path:
     return target
 
 
+#: the folders of data/ and the flag of `python data/fetch_data.py` that writes each (None: written without one);
+#: the docs' test holds every page that names a file of data/ to give the command that makes it
+FOLDERS = {"trec": None, "wnut16": None, "sentences": None, "corpus": "--corpus", "more": "--more"}
+FETCH = {"trec": fetch_trec, "wnut16": fetch_wnut16, "sentences": fetch_sentences, "corpus": fetch_corpus,
+         "more": fetch_more}
+
 if __name__ == "__main__":
-    print(fetch_trec())
-    print(fetch_wnut16())
-    print(fetch_sentences())
-    if "--corpus" in sys.argv[1:]:
-        print(fetch_corpus())
-    if "--more" in sys.argv[1:]:
-        print(fetch_more())
+    for folder, flag in FOLDERS.items():
+        if flag is None or flag in sys.argv[1:]:
+            print(FETCH[folder]())

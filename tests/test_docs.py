@@ -153,3 +153,116 @@ def test_every_tutorial_is_in_the_site_and_its_index():
     for tutorial in tutorials:
         assert f"tutorials/{tutorial.name}" in nav and f"({tutorial.name})" in index, tutorial.name
         assert tutorial.read_text(encoding="utf-8").startswith("# %% [markdown]\n# # "), tutorial.name
+
+
+# ---------------------------------------------------------------------------- documented commands parse
+def _as_minibert(part: str) -> str | None:
+    """A shell command as `minibert ...` when it runs minibert (minibert, .venv/bin/minibert, python -m
+    minibert, torchrun ... -m minibert); None otherwise."""
+    if " -m minibert " in f" {part} ":
+        return "minibert " + part.split("-m minibert", 1)[1].strip()
+    for program in ("minibert ", ".venv/bin/minibert "):
+        if part.startswith(program):
+            return "minibert " + part[len(program):]
+    return None
+
+
+def documented_commands() -> list[tuple[str, int, str]]:
+    """(where, line, command) for every `minibert ...` command of a ```bash block of README.md and the pages,
+    and of the CLI module's own synopsis (continuation lines joined)."""
+    import inspect
+
+    import minibert.cli
+
+    sources = [(str(page.relative_to(ROOT)), [(line, code) for line, code, _ in blocks(page, "bash")]) for page in PAGES]
+    synopsis = [re.split(r"\s{3,}\(", line)[0] for line in inspect.getdoc(minibert.cli).splitlines()]  # "   (note)"
+    sources.append(("minibert/cli/__init__.py", [(1, "\n".join(synopsis))]))
+    found = []
+    for where, codes in sources:
+        for first, code in codes:
+            for offset, line in enumerate(code.replace("\\\n", " ").split("\n")):
+                for part in line.strip().split("&&"):
+                    command = _as_minibert(part.strip())
+                    if command is not None:
+                        found.append((where, first + offset, command))
+    return found
+
+
+def _synopsis(argv: list[str]) -> bool:
+    """A line that shows a command's shape ([optional], a|b, ...) rather than one to run."""
+    return any(t.startswith(("[", "(")) or t.endswith(("]", ")")) or "|" in t or t.endswith("...") for t in argv)
+
+
+def test_every_documented_command_parses_as_the_cli_has_it():
+    """Each `minibert` command of README.md, the pages and the CLI's synopsis: a command to run parses with
+    the real parser (nothing is run), and every file of data/ it names is fetched by a command its page
+    gives; a synopsis (``[--flag X]``, ``a|b``) names only options the command has, and spells out every
+    choice of an option it lists choices of. A page cannot drift from the CLI again."""
+    import contextlib
+    import io
+    import shlex
+
+    from minibert.cli import _join_negative_values, build_parser
+
+    sys.path.insert(0, str(ROOT / "data"))
+    import fetch_data
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    found = documented_commands()
+    assert len(found) >= 40
+    problems = []
+    for where, line, text in found:
+        try:
+            argv = shlex.split(text, comments=True)[1:]
+        except ValueError as e:  # an unclosed quote
+            problems.append(f"{where}:{line}: {e}: {text}")
+            continue
+        for cut in ("|", ">", "2>"):  # a pipe or a redirection ends the command
+            argv = argv[:argv.index(cut)] if cut in argv else argv
+        command = commands.get(argv[0]) if argv else None
+        if command is None:
+            problems.append(f"{where}:{line}: no command {argv[:1]}: {text}")
+            continue
+        options = {flag: action for action in command._actions for flag in action.option_strings}
+        if _synopsis(argv):
+            for i, token in enumerate(argv):
+                flag = token.strip("[]()").split("=")[0]
+                if not flag.startswith("--"):
+                    continue
+                if flag not in options:
+                    problems.append(f"{where}:{line}: `minibert {argv[0]}` has no {flag}")
+                    continue
+                value = argv[i + 1].strip("[]()") if i + 1 < len(argv) else ""
+                if options[flag].choices and "|" in value and sorted(value.split("|")) != sorted(options[flag].choices):
+                    problems.append(f"{where}:{line}: {flag} {value}: its choices are {'|'.join(options[flag].choices)}")
+            continue
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                parser.parse_args(_join_negative_values(argv))
+        except SystemExit:
+            problems.append(f"{where}:{line}: {err.getvalue().strip().splitlines()[-1]}: {text}")
+            continue
+        page = (ROOT / where).read_text(encoding="utf-8")
+        fetches = re.findall(r"fetch_data\.py[^`\n]*", page)
+        for folder in sorted(set(re.findall(r"\bdata/(\w+)/", text))):
+            flag = fetch_data.FOLDERS.get(folder, "?")
+            if not fetches or (flag and not any(flag in f for f in fetches)):
+                problems.append(f"{where}:{line}: data/{folder}/ is written by `python data/fetch_data.py"
+                                f"{' ' + flag if flag else ''}`, which the page does not give")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_command_is_listed_where_the_commands_are_listed():
+    """README's command-line bullet and the how-to page's synopsis list every command the CLI has."""
+    from minibert.cli import build_parser
+
+    parser = build_parser()
+    names = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    readme = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").split("\n* ")
+                  if line.startswith("**The command line**"))
+    synopsis = blocks(ROOT / "docs" / "how-to" / "cli.md", "bash")[0][1]
+    for name in names:
+        assert re.search(rf"[`| ]{re.escape(name)}[ |`]", readme), f"README's command list lacks {name}"
+        assert f"minibert {name} " in synopsis, f"docs/how-to/cli.md's synopsis lacks {name}"
