@@ -82,7 +82,7 @@ def teacher_dir(args, trec: Path) -> Path:
     out = args.workdir / "trec-teacher"
     if not (out / "model.safetensors").exists():
         tasks.finetune(args.train, trec / "test.csv", MODEL, out, config=FitConfig(epochs=args.epochs, progress=False),
-                       batch_size=BATCH, max_length=MAX_LENGTH)
+                       batch_size=BATCH, max_length=MAX_LENGTH, overwrite=True)
     return out
 
 
@@ -246,14 +246,15 @@ def part_task(args, results):
     if not (student_dir / "metrics.json").exists():
         distill_pipeline.distill_task(args.train, trec / "test.csv", teacher, student_dir, student_blocks=[0, 2, 4],
                              temperature=2.0, alpha=0.5, config=FitConfig(epochs=args.epochs, progress=False),
-                             batch_size=BATCH, max_length=MAX_LENGTH)
+                             batch_size=BATCH, max_length=MAX_LENGTH, overwrite=True)
     baseline_dir = args.workdir / "trec-3blocks-no-teacher"
     if not (baseline_dir / "metrics.json").exists():
         shallow = args.workdir / "minilm-3blocks"
         distill.init_student(BertModel.from_pretrained(MODEL, mlm_head=False), [0, 2, 4]).save_pretrained(shallow)
         copy_tokenizer(MODEL, shallow)
         tasks.finetune(args.train, trec / "test.csv", shallow, baseline_dir,
-                       config=FitConfig(epochs=args.epochs, progress=False), batch_size=BATCH, max_length=MAX_LENGTH)
+                       config=FitConfig(epochs=args.epochs, progress=False), batch_size=BATCH, max_length=MAX_LENGTH,
+                       overwrite=True)
     t_acc, t_epoch = best_accuracy(teacher)
     s_acc, s_epoch = best_accuracy(student_dir)
     b_acc, b_epoch = best_accuracy(baseline_dir)
@@ -285,7 +286,7 @@ def part_layerdrop(args, results):
     if not (dropped / "metrics.json").exists():
         tasks.finetune(args.train, trec / "test.csv", MODEL, dropped, layerdrop=args.p,
                        config=FitConfig(epochs=args.ld_epochs or args.epochs, progress=False), batch_size=BATCH,
-                       max_length=MAX_LENGTH)
+                       max_length=MAX_LENGTH, overwrite=True)
     test = read_table(trec / "test.csv")
     tokenizer = BertTokenizer.from_pretrained(teacher)
     table = []
@@ -315,7 +316,7 @@ def part_exits(args, results):
         if not (directory / "exits.json").exists():
             exits.train_exits(teacher, args.train, trec / "test.csv", directory, joint=joint,
                               config=FitConfig(epochs=2, lr=1e-3, progress=False), batch_size=BATCH,
-                              max_length=MAX_LENGTH, log=print)
+                              max_length=MAX_LENGTH, log=print, overwrite=True)
         best = depth.EarlyExit.from_pretrained(directory)
         test = read_table(trec / "test.csv")
         tokenizer = BertTokenizer.from_pretrained(teacher)

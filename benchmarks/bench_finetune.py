@@ -74,7 +74,8 @@ def one_run(dataset: str, recipe: str, train: Path, test: Path, epochs: int, wor
     history = tasks.finetune(train, test, MODEL, out, task="tag" if dataset == "wnut16" else "classify",
                              recipe=recipe, config=config, batch_size=16, max_length=64, lora_rank=args.lora_rank,
                              lora_targets=args.lora_targets.split(","),
-                             log=lambda line: print(f"  {dataset} {recipe}: {line}", file=sys.stderr, flush=True))
+                             log=lambda line: print(f"  {dataset} {recipe}: {line}", file=sys.stderr, flush=True),
+                             overwrite=True)
     metrics = json.loads((out / "metrics.json").read_text())
     trainable = _trainable(dataset, recipe, args)
     if recipe == "lora":

@@ -92,7 +92,7 @@ def one_run(dataset: str, method: str, seed: int, train: Path, test: Path, epoch
     history = finetune(train, test, MODEL, out, task="tag" if dataset == "wnut16" else "classify",
                        config=FitConfig(epochs=epochs, lr=lr, seed=seed, progress=False), batch_size=16, max_length=64,
                        log=lambda line: print(f"  {dataset} {method} {seed}: {line}", file=sys.stderr, flush=True),
-                       **options)
+                       **options, overwrite=True)
     metrics = json.loads((out / "metrics.json").read_text())
     steps = sum(1 for _ in open(train, encoding="utf-8")) if dataset == "trec" else None
     written = written_bytes(out)

@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "data"))
 
 from minibert import BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_description, cpu_info, native_half  # noqa: E402
+from minibert.outputs import read_record  # noqa: E402
 from minibert.models.pretraining import BertForMaskedLM, BertForPreTraining  # noqa: E402
 from minibert.tools import timing  # noqa: E402
 from minibert.training.loop import parameter_groups  # noqa: E402
@@ -276,7 +277,7 @@ def part_run(args, work, results):
     summary = run_pretraining(corpus_files_for_runs(), out, geometry=args.geometry, vocab=str(MINILM),
                               max_length=128, eval_texts=fetch_data.fetch_sentences() / "held.txt",
                               config=run_config(steps, batch, args.lr, args.bf16),
-                              dropout=args.dropout, resume=any((out / "checkpoints").glob("step-*")),
+                              dropout=args.dropout, resume=read_record(out) is not None,  # a stopped run goes on
                               untied=args.untied, log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     results["run"] = {"geometry": args.geometry, "steps": steps, "batch": f"{batch} x 128", "lr": args.lr,
@@ -369,7 +370,7 @@ def part_downstream(args, work, results):
         probe = probe_model(BertModel.from_pretrained(folder), tokenizer, pos, progress=False)
         history = finetune(trec / "train.csv", trec / "test.csv", str(folder), work / f"trec-{name}",
                            config=FitConfig(epochs=args.epochs, lr=1e-4, seed=0, progress=False), batch_size=32,
-                           max_length=64, log=None)
+                           max_length=64, log=None, overwrite=True)
         rows[name] = {"upos_accuracy": probe.accuracy, "upos_control": probe.control_accuracy,
                       "upos_selectivity": probe.selectivity, "trec_accuracy": history.best_metric,
                       "trec_epochs": [e["eval"]["accuracy"] for e in history.epochs]}
@@ -446,7 +447,7 @@ def finetune_trec(source, lr: float, seed: int, epochs: int, split, out: Path, d
     train, dev, test = split
     started = time.time()
     history = finetune(train, dev, str(source), out, config=FitConfig(epochs=epochs, lr=lr, seed=seed, progress=False),
-                       batch_size=32, max_length=64, device=device, log=None)
+                       batch_size=32, max_length=64, device=device, log=None, overwrite=True)
     model = BertForSequenceClassification.from_pretrained(out, device=device)
     evaluate_test = read_task_data("classify", train, test).evaluator(BertTokenizer.from_pretrained(out), max_length=64)
     return {"dev": history.best_metric, "best_epoch": history.best_epoch,
@@ -595,7 +596,6 @@ def part_longer(args, work, results):
     from minibert.models import BertModel
     from minibert.textfiles import read_conllu
     from minibert.training.pipelines.pretrain import run_pretraining
-    from minibert.training.pretrain import checkpoints
 
     import fetch_data
 
@@ -609,7 +609,7 @@ def part_longer(args, work, results):
         run_pretraining(corpus_files_for_runs(), out, model=str(start), max_length=128, store=start / "store",
                         eval_texts=fetch_data.fetch_sentences() / "held.txt",
                         config=run_config(steps, batch, first["lr"], first["bf16"], seed=seed),
-                        dropout=first["dropout"], resume=bool(checkpoints(out)), log=print)
+                        dropout=first["dropout"], resume=read_record(out) is not None, log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     tokenizer = BertTokenizer.from_pretrained(out)
     probe = probe_model(BertModel.from_pretrained(out), tokenizer, read_conllu(ROOT / "tests" / "data" / "pos_sample.conllu"),
@@ -842,7 +842,7 @@ def part_continued(args, work, results):
         summary = run_pretraining([tweets], out, model=str(MINILM), max_length=64, mix=mix,
                                   config=PretrainConfig(steps=args.continued_steps, batch_size=32, lr=1e-4,
                                                         log_every=max(1, args.continued_steps // 20), progress=True),
-                                  log=print)
+                                  overwrite=True, log=print)
         runs[name] = {"seconds": time.perf_counter() - started, "last_loss": summary.get("loss")}
         models[name] = out
     held = [s for s in (general / "held.txt").read_text(encoding="utf-8").split("\n") if s.strip()]
@@ -854,10 +854,11 @@ def part_continued(args, work, results):
         vectors = distill.embed(BertModel.from_pretrained(folder), tokenizer, held, normalize=True)
         agreement = distill.embedding_agreement(original, vectors)
         ner = finetune(wnut / "train.txt", wnut / "test.txt", str(folder), work / f"wnut-{len(rows)}", task="tag",
-                       config=FitConfig(epochs=3, lr=5e-5, seed=0, progress=False), batch_size=16, max_length=64, log=None)
+                       config=FitConfig(epochs=3, lr=5e-5, seed=0, progress=False), batch_size=16, max_length=64, log=None,
+                       overwrite=True)
         questions = finetune(trec / "train.csv", trec / "test.csv", str(folder), work / f"trec-{len(rows)}",
                              config=FitConfig(epochs=args.epochs, lr=5e-5, seed=0, progress=False), batch_size=16,
-                             max_length=64, log=None)
+                             max_length=64, log=None, overwrite=True)
         rows[name] = {"wnut16_entity_f1": ner.best_metric, "trec6_accuracy": questions.best_metric,
                       "agreement_spearman": agreement["spearman"], "agreement_top10": agreement["top_k_overlap"]}
         print(f"  {name}: {rows[name]}", flush=True)
