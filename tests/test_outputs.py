@@ -461,6 +461,11 @@ def test_arguments_and_files_are_checked_before_anything_is_created(work, tmp_pa
         capsys, *pretrain_args(work, out, "--steps", "2", "--alpha", "0.3"))
     assert "not found" in cli_error(capsys, *pretrain_args(work, out, "--steps", "2", "--eval-texts",
                                                             tmp_path / "held.txt"))
+    study = ["depth-study", "--corpus", work / "corpus.txt", "--vocab", work / "base", "--eval-texts", work / "held.txt",
+             "--out", out, "--quick"]
+    assert "--device 'gpu0' is not a device" in cli_error(capsys, *study, "--device", "gpu0")
+    assert "--seeds: '0,-1': every value must be >= 0" in usage_error(capsys, *study, "--seeds", "0,-1")
+    assert "--conllu file" in cli_error(capsys, *study, "--conllu", tmp_path / "missing.conllu")
     assert not out.exists()
 
 
