@@ -218,3 +218,14 @@ def test_a_rerun_measures_new_files_and_refuses_changed_inputs_by_name(files, mi
         run_study([files / "train.txt"], out, config=DepthStudyConfig(**{**config.__dict__, "steps": 5, "seeds": (0, 1)}),
                   **common)
     assert model.stat().st_mtime_ns == stamp
+
+
+def test_overwrite_starts_the_study_again(files, minilm_dir, tmp_path):
+    config = DepthStudyConfig(**{**TINY.__dict__, "seeds": (0,), "depths": (1,)})
+    out = tmp_path / "study"
+    common = dict(vocab=minilm_dir, eval_texts=files / "held.txt", log=None)
+    run_study([files / "train.txt"], out, config=config, **common)
+    other = DepthStudyConfig(**{**config.__dict__, "steps": 3})
+    again = run_study([files / "train.txt"], out, config=other, overwrite=True, **common)
+    assert again["runs"]["L1-steps-seed0"]["steps"] == 3 and json.loads((out / "study.json").read_text())["config"]["steps"] == 3
+    assert json.loads((out / "runs" / "L1-steps-seed0" / "pretrain.json").read_text())["steps"] == 3  # trained anew

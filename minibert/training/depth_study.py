@@ -174,7 +174,7 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     path = out_dir / "study.json"
     results = {"config": json.loads(json.dumps(asdict(config))), "inputs": inputs, "runs": {}}  # as JSON keeps it
     remeasure: list[str] = []
-    if path.exists():
+    if path.exists() and not overwrite:  # the study there goes on: checked before any work
         saved = json.loads(path.read_text(encoding="utf-8"))
         remeasure = _compare_study(saved, results, path)
         results = {**saved, "inputs": {**saved.get("inputs", {}), **{k: v for k, v in inputs.items() if v is not None}}}
