@@ -129,3 +129,16 @@ def memory_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def check_memory(needed: int, described: str, *, note_above: int, advice: str = "") -> None:
+    """A choice that will take ``needed`` bytes (``described`` says what, and how much): refused by an
+    InputError when it is more than this machine's memory (``advice``: what to change), said as a warning
+    when it is above ``note_above``."""
+    from .errors import InputError
+
+    available = memory_bytes()
+    if available and needed > available:
+        raise InputError(f"{described}: more than this machine's {available / 2**30:.1f} GiB{advice}")
+    if needed > note_above:
+        warnings.warn(described, stacklevel=3)

@@ -187,11 +187,12 @@ class Lock:
             info = _read_lock(fd)
             if taken is False:
                 os.close(fd)
-                raise InputError(self._held(info))
+                raise InputError(held_message(self.shown, self.path, info))
             if info and info.get("pid") != os.getpid() and (taken is None or info.get("host") != socket.gethostname()):
                 if _alive(info.get("host"), info.get("pid"), info.get("process_start")):
                     os.close(fd)
-                    raise InputError(self._held(info, stale_hint=info.get("host") != socket.gethostname()))
+                    raise InputError(held_message(self.shown, self.path, info,
+                                                  stale_hint=info.get("host") != socket.gethostname()))
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -207,15 +208,6 @@ class Lock:
             return self
         raise InputError(f"{self.shown}: could not take its lock file {self.path} (it kept being replaced)")
 
-    def _held(self, info: dict, stale_hint: bool = False) -> str:
-        who = (f"`minibert {info.get('command', '?')}` (pid {info.get('pid', '?')} on {info.get('host', '?')}, "
-               f"since {info.get('started', '?')})" if info else "another process")
-        text = (f"{self.shown} is being written by {who}: one run writes a folder at a time; wait for it to end, or "
-                "choose another folder")
-        if stale_hint:
-            text += f" (if that run is no longer running, delete {self.path})"
-        return text
-
     def release(self) -> None:
         if self.fd is None:
             return
@@ -226,6 +218,17 @@ class Lock:
             pass
         os.close(self.fd)
         self.fd = None
+
+
+def held_message(shown: str, lock_path: Path, info: dict, stale_hint: bool = False) -> str:
+    """The one line that refuses a second writer: who holds the folder (``info``: what the lock file says)."""
+    who = (f"`minibert {info.get('command', '?')}` (pid {info.get('pid', '?')} on {info.get('host', '?')}, "
+           f"since {info.get('started', '?')})" if info else "another process")
+    text = (f"{shown} is being written by {who}: one run writes a folder at a time; wait for it to end, or choose "
+            "another folder")
+    if stale_hint:
+        text += f" (if that run is no longer running, delete {lock_path})"
+    return text
 
 
 def held_by(folder) -> dict | None:
@@ -302,8 +305,8 @@ class RunFolder:
         record = read_record(self.real)
         holder = held_by(self.real)
         if holder is not None and holder.get("pid") != os.getpid():
-            raise InputError(Lock(self.real, self.command, f"{self.what} {self.shown!r}")._held(
-                holder, stale_hint=holder.get("host") not in (None, socket.gethostname())))
+            raise InputError(held_message(f"{self.what} {self.shown!r}", self.real / LOCK_FILE, holder,
+                                          stale_hint=holder.get("host") not in (None, socket.gethostname())))
         if not names:
             return "new"
         held, ours = describe(self.real)

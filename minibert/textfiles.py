@@ -1,7 +1,7 @@
 """The files the library reads and writes: plain text one item per line (``read_lines``), CoNLL-U
 (``read_conllu``: words and one label column per sentence), JSON (``read_json``, with ``field`` to take
 one typed value out of it), a path named inside a folder's files (``inside``), the check of a file about
-to be written (``output_file``, ``output_dir``) and writes a killed process cannot leave half done
+to be read (``input_file``) or written (``output_file``, ``output_dir``) and writes a killed process cannot leave half done
 (``atomic_file``, ``atomic_dir``). Each names the file (and the line or field) when it is not what it
 must be (``InputError``)."""
 
@@ -132,6 +132,19 @@ def read_lines(path) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def input_file(path, what: str = "file") -> Path:
+    """Check a file to be read, before any work: it exists (``errors.not_found`` otherwise), is a regular
+    file and is readable; returns it as a Path."""
+    path = Path(path)
+    if not path.exists():
+        raise not_found(path, what)
+    if not path.is_file():
+        raise InputError(f"{what} {str(path)!r} is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{what} {str(path)!r} is not readable (permissions)")
+    return path
 
 
 def output_file(path, suffix: str, what: str, formats: Sequence[str] | None = None) -> Path:

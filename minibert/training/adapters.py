@@ -320,14 +320,11 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
         nonlinearity = nonlinearity or ("swish" if kind == "houlsby" else "relu")
         if nonlinearity not in NONLINEARITIES:
             raise InputError(f"nonlinearity={nonlinearity!r}: use one of {tuple(NONLINEARITIES)}")
-        check_index("bottleneck (--adapter-size)", bottleneck, 1, config.hidden_size,
-                    f"a bottleneck narrows the hidden states: at most the model's hidden size, {config.hidden_size}")
+        check_sizes(config, bottleneck=bottleneck)
         task = BottleneckTask(kind, config, bottleneck, nonlinearity, init, dtype, device, generator)
         options |= {"bottleneck": bottleneck, "nonlinearity": nonlinearity, "init": init}
     elif kind == "prefix":
-        check_index("prefix_length (--prefix-length)", prefix_length, 1, config.max_position_embeddings,
-                    "keys and values per block: at most as many as the model has positions, "
-                    f"{config.max_position_embeddings}")
+        check_sizes(config, prefix_length=prefix_length)
         check_positive("prefix_bottleneck", prefix_bottleneck, "the reparameterisation MLP's width")
         task = PrefixTask(config, prefix_length, prefix_bottleneck, dropout, flat, dtype, device, generator)
         options |= {"prefix_length": prefix_length, "prefix_bottleneck": prefix_bottleneck, "dropout": dropout}
@@ -339,9 +336,8 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
             raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
                              "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
         paths = lora_targets(encoder, targets)
-        widest = min(min(encoder.get_submodule(p).in_features, encoder.get_submodule(p).out_features) for p in paths)
-        check_index("r (--lora-rank)", r, 1, widest, f"a rank above the adapted layers' smaller side ({widest}) adds "
-                    "nothing a full update would not")
+        check_sizes(config, r=r, widest=min(min(encoder.get_submodule(p).in_features,
+                                                encoder.get_submodule(p).out_features) for p in paths))
         task = LoRATask({p: encoder.get_submodule(p) for p in paths}, r, alpha, dropout, dtype, device, generator)
         options |= {"r": r, "alpha": alpha, "dropout": dropout, "targets": paths}
     for p in model.parameters():
@@ -367,6 +363,25 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
     return model
 
 
+def check_sizes(config, *, bottleneck: int | None = None, prefix_length: int | None = None, r: int | None = None,
+                widest: int | None = None) -> None:
+    """A task module's sizes against the base they go on (given ones only): a bottleneck from 1 to the hidden
+    size, a prefix of 1 to the positions, a LoRA rank from 1 to the adapted layers' smaller side (``widest``;
+    before the layers are known, the hidden size, which every BERT linear layer has on one side). What
+    ``add_adapter`` checks, and ``minibert finetune`` before any work."""
+    if bottleneck is not None:
+        check_index("bottleneck (--adapter-size)", bottleneck, 1, config.hidden_size,
+                    f"a bottleneck narrows the hidden states: at most the model's hidden size, {config.hidden_size}")
+    if prefix_length is not None:
+        check_index("prefix_length (--prefix-length)", prefix_length, 1, config.max_position_embeddings,
+                    "keys and values per block: at most as many as the model has positions, "
+                    f"{config.max_position_embeddings}")
+    if r is not None:
+        widest = config.hidden_size if widest is None else widest
+        check_index("r (--lora-rank)", r, 1, widest, f"at most the adapted layers' smaller side, {widest}: a higher "
+                    "rank adds nothing a full update would not")
+
+
 def module_cost(config, kind: str, *, bottleneck: int = 64, prefix_length: int = 16, prefix_bottleneck: int = 512,
                 r: int = 8, targets: int = 2, batch_size: int = 16, max_length: int = 128) -> tuple[int, int]:
     """(parameters, bytes while training) of a task module of ``kind`` on a base of ``config``, before it is
@@ -390,19 +405,14 @@ def module_cost(config, kind: str, *, bottleneck: int = 64, prefix_length: int =
 
 def check_module_cost(config, kind: str, *, what: str, **sizes) -> int:
     """Say what a task module will take while it trains when that is large (over 1 GiB, as a warning), and
-    refuse one that cannot fit in this machine's memory; returns its parameter count."""
-    import warnings
-
-    from ..hardware import memory_bytes
+    refuse one that cannot fit in this machine's memory (``hardware.check_memory``); returns its parameter
+    count."""
+    from ..hardware import check_memory
 
     params, needed = module_cost(config, kind, **sizes)
-    described = (f"{what}: a {kind} module of {params:,} parameters ({4 * params / 2**20:,.1f} MB saved) on "
-                 f"{config.num_hidden_layers} x {config.hidden_size} takes about {needed / 2**30:.1f} GiB while it trains")
-    available = memory_bytes()
-    if available and needed > available:
-        raise InputError(f"{described}: more than this machine's {available / 2**30:.1f} GiB")
-    if needed > 2**30:
-        warnings.warn(described, stacklevel=3)
+    check_memory(needed, f"{what}: a {kind} module of {params:,} parameters ({4 * params / 2**20:,.1f} MB saved) on "
+                 f"{config.num_hidden_layers} x {config.hidden_size} takes about {needed / 2**30:.1f} GiB while it "
+                 "trains", note_above=2**30)
     return params
 
 

@@ -146,8 +146,8 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     changed one, is measured on every finished model; another corpus, vocabulary or held-out text is
     refused by name (every loss would change). ``overwrite`` replaces the folder instead."""
     from ..hardware import training_device
-    from ..outputs import RunFolder, read_record
-    from ..textfiles import read_conllu
+    from ..outputs import RunFolder
+    from ..textfiles import input_file, read_conllu
     from ..tokenizer import BertTokenizer
     from .pretrain_data import TokenStore, corpus_files
 
@@ -159,14 +159,10 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     eval_files = corpus_files([eval_texts], "--eval-texts file")
     for path, what in ((conllu, "--conllu file"), (task_train, "--task-train file"), (task_eval, "--task-eval file")):
         if path is not None:
-            corpus_files([path], what)  # exists and is readable, before any work
-
-    def holds_study(folder: Path) -> bool:
-        record = read_record(folder)
-        return (folder / "study.json").exists() and (record is None or record["command"] == "depth-study")
+            input_file(path, what)  # exists and is readable, before any work
 
     folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, overwrite=overwrite,
-                       resumable=False, continues=holds_study)
+                       resumable=False, continues=_holds_study)
     out_dir = folder.path
     tokenizer = BertTokenizer.from_pretrained(vocab)
     probe_data = read_conllu(conllu)[: config.probe_sentences] if conllu is not None else None
@@ -227,6 +223,14 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
                                            and r.seed == config.seeds[0]], config)
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
     return results
+
+
+def _holds_study(folder: Path) -> bool:
+    """Whether a folder holds a depth study (which a rerun goes on with), not another command's run."""
+    from ..outputs import read_record
+
+    record = read_record(folder)
+    return (folder / "study.json").exists() and (record is None or record["command"] == "depth-study")
 
 
 def _twin(runs: list, k: int):
@@ -426,7 +430,7 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     inputs = study_inputs(files, vocab, eval_files, conllu, task_train, task_eval)
     _compare_study(results, {"config": results["config"], "inputs": inputs}, path)  # the same corpus, vocab, held-out
     folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, resumable=False,
-                       continues=lambda p: (p / "study.json").exists())
+                       continues=_holds_study)
     with folder.claim({"config": results["config"]}):
         return _cut_vs_grown(out_dir, path, results, config, inputs, files, vocab, eval_texts, conllu, task_train,
                              task_eval, temperature, alpha, device, log)

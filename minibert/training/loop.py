@@ -197,6 +197,12 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
         history = History(**saved["history"])
         start, step = saved["epoch"], saved["step"]
         set_rng_state(saved["rng"])
+
+    def finite(loss_value, norm=None):  # stop before a non-finite step is taken (or saved)
+        check_finite(model, step + 1, loss_value, norm, lr=config.lr, scaler=scaler,
+                     kept=lambda: (f"the best epoch so far, {history.best_epoch}, is in {out_dir}"
+                                   if history.best_epoch and out_dir else "no epoch had finished: nothing was saved"))
+
     for epoch in range(start, config.epochs):
         if on_epoch_start is not None:
             on_epoch_start(model, epoch)
@@ -216,12 +222,6 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
         started, seen, total_loss, batches = time.perf_counter(), 0, 0.0, 0
         bar = _bar(steps_per_epoch * config.accumulate, f"epoch {epoch + 1}/{config.epochs}", config.progress)
         optimizer.zero_grad(set_to_none=True)
-
-        def finite(loss_value, norm=None):  # stop before a non-finite step is taken (or saved)
-            check_finite(model, step + 1, loss_value, norm, lr=config.lr, scaler=scaler,
-                         kept=lambda: (f"the best epoch so far, {history.best_epoch}, is in {out_dir}"
-                                       if history.best_epoch and out_dir else "no epoch had finished: nothing was saved"))
-
         for i, batch in enumerate(train_batches(epoch)):
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
@@ -234,13 +234,13 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
             batches += 1
             seen += len(batch["input_ids"])
             if (i + 1) % config.accumulate == 0:
-                _step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
+                optimizer_step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
                 step += 1
             bar.update(1)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{total_loss / batches:.4f}", ex_s=f"{seen / (time.perf_counter() - started):.1f}")
         if batches % config.accumulate:  # a last, partial accumulation
-            _step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
+            optimizer_step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
             step += 1
         bar.close()
         seconds = time.perf_counter() - started
@@ -370,8 +370,9 @@ def _load_state(path: Path, config: FitConfig, device) -> dict | None:
     return saved
 
 
-def _step(model, optimizer, scheduler, config: FitConfig, scaler=None, check=None) -> None:
-    """One optimiser step: unscale (fp16), clip, ``check(gradient norm)`` (which may stop the run), step."""
+def optimizer_step(model, optimizer, scheduler, config, scaler=None, check=None) -> None:
+    """One optimiser step, as ``fit`` and the pre-training loop take it: unscale (fp16), clip at
+    ``config.max_grad_norm``, ``check(gradient norm)`` (which may stop the run), step, schedule, zero."""
     if scaler is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -47,7 +47,7 @@ from ..errors import InputError
 from ..loading import copy_tokenizer
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
-from .loop import check_finite, parameter_groups, rng_state, set_rng_state
+from .loop import check_finite, optimizer_step, parameter_groups, rng_state, set_rng_state
 from .pretrain_data import Examples
 
 SCHEDULES = ("linear", "cosine")
@@ -309,19 +309,9 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
                 (scaler.scale(loss) if scaler else loss).backward()
             step_loss += float(loss.detach()) / world
             window_tokens += int(batch["attention_mask"].sum())
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                              config.max_grad_norm if config.max_grad_norm is not None else math.inf)
-        check_finite(model, step + 1, step_loss, norm, lr=config.lr, scaler=scaler,  # before the step is taken
-                     kept=lambda: _last_good(out_dir))
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, optimizer, scheduler, config, scaler,  # checked before the step is taken
+                       check=lambda norm: check_finite(model, step + 1, step_loss, norm, lr=config.lr, scaler=scaler,
+                                                       kept=lambda: _last_good(out_dir)))
         consumed += per_step
         done = step + 1
         if world > 1:

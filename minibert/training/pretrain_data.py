@@ -361,14 +361,10 @@ class MixedExamples(Examples):
 
 def corpus_files(paths: Sequence, what: str = "corpus file") -> list[Path]:
     """Corpus files named directly or found in folders (``*.txt``, ``*.jsonl``), sorted within a folder;
-    every one checked to exist and be readable before any is read (a missing last file is found before the
-    first is tokenised)."""
-    import os
+    every one checked (``textfiles.input_file``) before any is read: a missing last file is found before the
+    first is tokenised."""
+    from ..textfiles import input_file
 
-    from ..errors import not_found
-
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
     files = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -376,15 +372,8 @@ def corpus_files(paths: Sequence, what: str = "corpus file") -> list[Path]:
             if not found:
                 raise InputError(f"{p} holds no .txt or .jsonl file")
             files += found
-        elif not p.exists():
-            raise not_found(p, what)
         else:
             files.append(p)
-    for f in files:
-        if not f.is_file():
-            raise InputError(f"{what} {str(f)!r} is not a regular file")
-        if not os.access(f, os.R_OK):
-            raise InputError(f"{what} {str(f)!r} is not readable (permissions)")
     if not files:
         raise InputError(f"no {what} given")
-    return files
+    return [input_file(f, what) for f in files]

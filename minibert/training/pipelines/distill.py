@@ -21,8 +21,8 @@ from ...tools.surgery import check_dropout, dropout, freeze
 from ..distill import (TaskDistiller, augment_texts, default_blocks, distill_embeddings, embed, embedding_agreement,
                        init_student, parse_layer_map)
 from ..loop import FitConfig, History, epoch_reporter, fit
-from .skeleton import (check_labels, check_length, finished_history, fit_resume_hint, read_task_data, resolved,
-                       resumed_line, run_folder)
+from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
+                       run_folder)
 
 #: the k of the top-k overlap the agreement reports
 AGREEMENT_K = 10
@@ -118,14 +118,12 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
                 "max_length": max_length, "group_by_length": group_by_length, "student_dropout": student_dropout,
                 "augment": augment, "cache_teacher": cache_teacher, "freeze_embeddings": freeze_embeddings, "k": k}
     with folder.claim(recorded) as run:
-        run.resume_hint = lambda: fit_resume_hint(out_dir, folder.shown, config.epochs)
+        begin_fit(run, config, log)
         if run.finished:
             history = finished_history(out_dir, folder.shown)
             kept = run.finished_summary("run") or {}
             return CorpusRun(history, kept.get("before", {}), blocks, kept.get("held_out", len(eval_texts)), split,
                              pooling, normalize, settings is not None, kept.get("trained_on", len(texts)))
-        if config.resume and log is not None and resumed_line(out_dir, folder.shown, config.epochs):
-            log(resumed_line(out_dir, folder.shown, config.epochs))
         before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
                                      embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
         history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
@@ -212,7 +210,7 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
                 "pair_column": pair_column, "label_column": label_column, "batch_size": batch_size,
                 "max_length": max_length, "student_dropout": student_dropout}
     with folder.claim(recorded) as run:
-        run.resume_hint = lambda: fit_resume_hint(out_dir, folder.shown, config.epochs)
+        begin_fit(run, config, log)
         if run.finished:
             return finished_history(out_dir, folder.shown), run.finished_summary("teacher_score") or {}
         batches = data.batches(tokenizer, label2id, batch_size=batch_size, max_length=max_length, seed=config.seed)
@@ -222,8 +220,6 @@ def distill_task(train_path, eval_path, teacher_source, out_dir, *, task: str = 
         if log is not None:
             log(f"teacher ({teacher.config.num_hidden_layers} blocks): "
                 + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
-            if config.resume and resumed_line(out_dir, folder.shown, config.epochs):
-                log(resumed_line(out_dir, folder.shown, config.epochs))
         distiller = TaskDistiller(teacher, student, temperature=temperature, alpha=alpha, hidden_weight=hidden_weight,
                                   attention_weight=attention_weight, layer_map=layer_map)
         with contextlib.nullcontext() if student_dropout is None else dropout(student, student_dropout):

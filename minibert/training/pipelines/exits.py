@@ -13,8 +13,8 @@ from ...textfiles import read_json, write_text_atomic
 from ...tokenizer import BertTokenizer
 from ..depth import EarlyExit, curve_table, exit_accuracies, exit_curve
 from ..loop import FitConfig, epoch_reporter, fit
-from .skeleton import (check_labels, check_length, finished_history, fit_resume_hint, read_task_data, resolved,
-                       resumed_line, run_folder)
+from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
+                       run_folder)
 
 
 def train_exits(model_source, train_path, eval_path, out_dir, *, joint: bool = False, config=None,
@@ -52,14 +52,12 @@ def train_exits(model_source, train_path, eval_path, out_dir, *, joint: bool = F
                 "joint": joint, "batch_size": batch_size, "max_length": max_length, "text_column": text_column,
                 "label_column": label_column}
     with folder.claim(recorded) as run:
-        run.resume_hint = lambda: fit_resume_hint(out_dir, folder.shown, config.epochs)
+        begin_fit(run, config, log)
         if run.finished:
             finished_history(out_dir, folder.shown)  # says there is nothing to resume
             table = ExitsTable(curve_table(read_json(out_dir / "exits.json")["curve"]))
             table.nothing_to_resume = True
             return table
-        if config.resume and log is not None and resumed_line(out_dir, folder.shown, config.epochs):
-            log(resumed_line(out_dir, folder.shown, config.epochs))
         history = fit(ee, batches, config=config, evaluate=evaluate, metric="mean_exit_accuracy", out_dir=out_dir,
                       on_epoch_end=report)
         best = EarlyExit.from_pretrained(out_dir)

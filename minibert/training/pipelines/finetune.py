@@ -39,8 +39,8 @@ from ..lora import merge_lora as merged_lora
 from ..loop import FitConfig, History, fit
 from ..recipes import ScalarMixClassifier, gradual_unfreezing
 from ..loop import epoch_reporter
-from .skeleton import (TASK_METRIC, check_labels, check_length, finished_history, fit_resume_hint, read_task_data,
-                       resolved, resumed_line, run_folder)
+from .skeleton import (TASK_METRIC, begin_fit, check_labels, check_length, finished_history, read_task_data,
+                       resolved, run_folder)
 
 TASKS = tuple(TASK_METRIC)
 RECIPES = ("full", "gradual", "llrd", "lora", "scalarmix", "adapter", "prefix")
@@ -90,7 +90,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     returned as it is) or ``overwrite``. Everything is checked before anything is created."""
     from ...checks import check_fraction
     from ...loading import read_config
-    from ..adapters import check_module_cost
+    from ..adapters import check_module_cost, check_sizes
 
     if task not in TASKS:
         raise InputError(f"task {task!r}: use one of {TASKS}")
@@ -125,7 +125,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
                   "prefix": {"kind": "prefix", "prefix_length": options.get("prefix_length")},
                   "adapter": {"kind": options.get("adapter_kind"), "bottleneck": options.get("adapter_size")}}[recipe]
         sizes = {k: v for k, v in module.items() if k in ("bottleneck", "prefix_length", "r")}
-        check_bounds(base_config, module["kind"], sizes)  # the merged LoRA's rank too
+        check_sizes(base_config, **sizes)  # the merged LoRA's rank too
         check_module_cost(base_config, module["kind"], what=f"--recipe {recipe}", batch_size=batch_size * world,
                           max_length=max_length, targets=max(1, len(module.get("targets", ()))), **sizes)
         if options.get("merge_lora"):
@@ -156,7 +156,7 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
                 "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
 
     with folder.claim(settings) as run:
-        run.resume_hint = lambda: fit_resume_hint(out_dir, folder.shown, config.epochs)
+        begin_fit(run, config, log)
         if run.finished:
             return finished_history(out_dir, folder.shown)
         batches = data.batches(tokenizer, model.config.label2id, batch_size=batch_size, max_length=max_length,
@@ -189,8 +189,6 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
         if world > 1:  # torchrun: each process trains a replica on its slice; process 0 evaluates and saves
             trained, evaluate, save, keep, report = ddp.wrap_for_fit(model, evaluate=evaluate, save=save,
                                                                      out_dir=out_dir, log=report, recipe=recipe)
-        if config.resume and log is not None and keep is not None and resumed_line(out_dir, folder.shown, config.epochs):
-            log(resumed_line(out_dir, folder.shown, config.epochs))
         try:
             history = fit(trained, batches, config=config, evaluate=evaluate, metric=data.metric, out_dir=keep,
                           on_epoch_start=on_epoch_start, on_epoch_end=report, save=save)
@@ -203,23 +201,6 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     if world > 1:
         ddp.finish()
     return history
-
-
-def check_bounds(config, kind: str, sizes: dict) -> None:
-    """A task module's sizes against the base's config, before anything is built (``adapters.add_adapter``
-    checks the same when it builds one)."""
-    from ...checks import check_index
-
-    if "bottleneck" in sizes:
-        check_index("bottleneck (--adapter-size)", sizes["bottleneck"], 1, config.hidden_size,
-                    f"a bottleneck narrows the hidden states: at most the model's hidden size, {config.hidden_size}")
-    if "prefix_length" in sizes:
-        check_index("prefix_length (--prefix-length)", sizes["prefix_length"], 1, config.max_position_embeddings,
-                    "keys and values per block: at most as many as the model has positions, "
-                    f"{config.max_position_embeddings}")
-    if "r" in sizes:
-        check_index("r (--lora-rank)", sizes["r"], 1, config.hidden_size,
-                    f"at most the adapted layers' smaller side, the hidden size {config.hidden_size}")
 
 
 def task_module_name(out_dir) -> str:

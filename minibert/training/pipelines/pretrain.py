@@ -30,6 +30,7 @@ from ...tokenizer import BertTokenizer
 from .. import ddp
 from ..pretrain import PretrainConfig, pretrain
 from ..pretrain_data import Examples, MaskingRule, MixedExamples, TokenStore, corpus_files
+from .skeleton import resolved
 
 #: Turc et al. 2019's miniatures: (layers, hidden)
 GEOMETRIES = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
@@ -143,7 +144,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                                       heads=heads, intermediate=intermediate)
         bert_config = dataclasses.replace(bert_config, tie_word_embeddings=not untied)
         check_max_length("--max-length", max_length, bert_config.max_position_embeddings, pair=nsp)
-        check_training_memory(bert_config, config, max_length, log)
+        check_training_memory(bert_config, config, max_length, mask)
         net = cls.from_config(bert_config, seed=config.seed)
     else:
         tokenizer = BertTokenizer.from_pretrained(model)
@@ -159,12 +160,12 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     rule = MaskingRule(probability=mask, whole_word=whole_word)
     source = vocab if scratch else model  # the tokenizer files every checkpoint and snapshot gets
     shape = net.config  # the geometry as built: --geometry tiny and --layers 2 --hidden 128 are the same run
-    settings = {"corpus": [str(f.resolve()) for f in files], "model": _where(model), "vocab": _where(vocab),
+    settings = {"corpus": [resolved(f) for f in files], "model": resolved(model), "vocab": resolved(vocab),
                 "layers": shape.num_hidden_layers, "hidden": shape.hidden_size, "heads": shape.num_attention_heads,
-                "intermediate": shape.intermediate_size, "untied": untied, "max_length": max_length, "nsp": nsp, "whole_word": whole_word, "mask": mask,
-                "mix": None if mix is None else [str(mix_files[0].resolve()), mix_share],
-                "eval_texts": None if eval_files is None else [str(f.resolve()) for f in eval_files], "dropout": dropout,
-                "teacher": _where(teacher), "temperature": temperature, "alpha": alpha,
+                "intermediate": shape.intermediate_size, "untied": untied, "max_length": max_length, "nsp": nsp,
+                "whole_word": whole_word, "mask": mask, "mix": None if mix is None else [resolved(mix_files[0]), mix_share],
+                "eval_texts": None if eval_files is None else [resolved(f) for f in eval_files], "dropout": dropout,
+                "teacher": resolved(teacher), "temperature": temperature, "alpha": alpha,
                 **{k: v for k, v in config.recorded().items() if k not in CHANGEABLE}}
 
     with folder.claim(settings) as run:
@@ -209,7 +210,8 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
                 f"{config.batch_size * config.accumulate} examples "
                 f"({steps * config.batch_size * config.accumulate / examples.per_epoch:.2f} epochs)")
         with (dropout_at(net, dropout) if dropout is not None else contextlib.nullcontext()):
-            summary = pretrain(trained, examples, config, out_dir, eval_examples=held, resume=resume,
+            summary = pretrain(trained, examples, config, out_dir, eval_examples=held,
+                               resume=resume and run.state != "new",  # a new folder: said above, once
                                tokenizer_source=source, log=log)
         if rank == 0:
             copy_tokenizer(source, out_dir)
@@ -219,15 +221,6 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
 
 #: settings a resumed run may change (how often it logs, evaluates, saves; what it keeps)
 CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots")
-
-
-def _where(source):
-    """A model source as a run records it: a local path resolved, a hub id as it is, a model object by class."""
-    if source is None or isinstance(source, str) and not Path(source).expanduser().exists():
-        return source
-    if isinstance(source, (str, Path)):
-        return str(Path(source).expanduser().resolve())
-    return f"<{type(source).__name__} object>"
 
 
 def resume_hint(out_dir: Path, shown: str) -> str:
@@ -242,28 +235,24 @@ def resume_hint(out_dir: Path, shown: str) -> str:
             "again from step 0")
 
 
-def check_training_memory(bert_config, config: PretrainConfig, max_length: int, log=None) -> None:
-    """Say what a model from scratch will take while it trains when that is large -- fp32 weights, gradients
-    and AdamW's two moments (16 bytes a parameter), the activations autograd keeps for a micro-batch
-    (``tools.accounting.activation_memory``) and the masked-LM logits at the masked tokens -- and refuse one
-    that cannot fit in this machine's memory."""
-    from ...hardware import memory_bytes
+def check_training_memory(bert_config, config: PretrainConfig, max_length: int, mask: float = 0.15) -> None:
+    """Say what a model from scratch will take while it trains when that is large (over 2 GiB) -- fp32
+    weights, gradients and AdamW's two moments (16 bytes a parameter), the activations autograd keeps for a
+    micro-batch (``tools.accounting.activation_memory``) and the masked-LM logits at the ``mask`` share of
+    the tokens -- and refuse one that cannot fit in this machine's memory (``hardware.check_memory``)."""
+    from ...hardware import check_memory
     from ...tools.accounting import activation_memory, parameter_counts
 
     params = parameter_counts(bert_config)["total"]
     weights = 16 * params
-    masked = round(config.batch_size * max_length * 0.15)
-    activations = activation_memory(bert_config, config.batch_size, max_length)["training"] + 8 * masked * bert_config.vocab_size
-    total, available = weights + activations, memory_bytes()
-    described = (f"a {bert_config.num_hidden_layers} x {bert_config.hidden_size} model from scratch has "
-                 f"{params:,} parameters: about {weights / 2**30:.1f} GiB for the weights, gradients and AdamW's "
-                 f"moments, and {activations / 2**30:.1f} GiB of activations a micro-batch of "
-                 f"{config.batch_size} x {max_length}")
-    if available and total > available:
-        raise InputError(f"{described}: more than this machine's {available / 2**30:.1f} GiB; choose a smaller "
-                         "geometry, --batch-size or --max-length")
-    if total > 2**31:
-        warnings.warn(f"{described}", stacklevel=3)
+    masked = round(config.batch_size * max_length * mask)
+    activations = (activation_memory(bert_config, config.batch_size, max_length)["training"]
+                   + 8 * masked * bert_config.vocab_size)
+    check_memory(weights + activations,
+                 f"a {bert_config.num_hidden_layers} x {bert_config.hidden_size} model from scratch has {params:,} "
+                 f"parameters: about {weights / 2**30:.1f} GiB for the weights, gradients and AdamW's moments, and "
+                 f"{activations / 2**30:.1f} GiB of activations a micro-batch of {config.batch_size} x {max_length}",
+                 note_above=2**31, advice="; choose a smaller geometry, --batch-size or --max-length")
 
 
 def held_examples(eval_texts, tokenizer, folder, *, max_length: int, nsp: bool = False, rule: MaskingRule = MaskingRule(),

@@ -29,36 +29,41 @@ def run_folder(out_dir, command: str, *, reads: dict, config, overwrite: bool = 
                      writer=ddp.rank() == 0)
 
 
-def resolved(path) -> str | None:
-    """A path as a run records it: absolute, so that a resume from another folder compares alike."""
-    if path is None:
+def resolved(source) -> str | None:
+    """A path or model source as a run records it: a local path absolute (a resume from another folder
+    compares alike), a hub id as it is, a model object by its class."""
+    if source is None:
         return None
-    p = Path(path).expanduser()
-    return str(p.resolve()) if p.exists() else str(path)
+    if not isinstance(source, (str, Path)):
+        return f"<{type(source).__name__} object>"
+    p = Path(source).expanduser()
+    return str(p.resolve()) if p.exists() else str(source)
 
 
-def fit_resume_hint(out_dir, shown: str, epochs: int) -> str:
-    """Where an interrupted ``fit`` run can go on from, in words (its metrics.json counts the finished epochs)."""
-    done = _epochs_done(out_dir)
-    if done and (Path(out_dir) / STATE_FILE).exists():
-        return (f"{shown} can be resumed after epoch {done} of {epochs}: run the same command with --resume")
-    return f"no epoch of {shown} had finished: the same command with --resume starts from the first epoch"
+def begin_fit(run, config, log: Callable[[str], None] | None) -> None:
+    """What a pipeline that runs ``fit`` does once it holds its folder (``run``, an ``outputs.RunFolder``):
+    say where Ctrl-C would leave the run, and, resumed, which epoch it goes on after (``fit`` itself warns
+    when there is none)."""
+    def hint() -> str:
+        done = _resumable_epoch(run.path)
+        if done:
+            return (f"{run.shown} can be resumed after epoch {done} of {config.epochs}: run the same command with "
+                    "--resume")
+        return f"no epoch of {run.shown} had finished: the same command with --resume starts from the first epoch"
+
+    run.resume_hint = hint
+    done = _resumable_epoch(run.path) if config.resume and log is not None and run.writer else 0
+    if done:
+        log(f"resuming {run.shown} after epoch {done} of {config.epochs}")
 
 
-def resumed_line(out_dir, shown: str, epochs: int) -> str | None:
-    """"resuming DIR after epoch k of n" when there is a finished epoch to go on from (``fit`` warns when
-    there is none)."""
-    done = _epochs_done(out_dir)
-    if done and (Path(out_dir) / STATE_FILE).exists():
-        return f"resuming {shown} after epoch {done} of {epochs}"
-    return None
-
-
-def _epochs_done(out_dir) -> int:
+def _resumable_epoch(out_dir) -> int:
+    """The last finished epoch of a run ``fit`` can resume (metrics.json counts them, training_state.pt holds
+    the state); 0 when there is none."""
     from ...textfiles import read_json
 
     path = Path(out_dir) / "metrics.json"
-    if not path.exists():
+    if not path.exists() or not (Path(out_dir) / STATE_FILE).exists():
         return 0
     try:
         return len(read_json(path).get("epochs") or [])
