@@ -90,7 +90,7 @@ def warn_if_slow(dtype: torch.dtype, device, stacklevel: int = 2) -> None:
                   RuntimeWarning, stacklevel=stacklevel + 1)
 
 
-def training_device(device=None, option: str = "--device") -> torch.device:
+def training_device(device=None, option: str = "--device", doing: str = "trains") -> torch.device:
     """Where a training run puts its model: ``device`` as PyTorch spells it ("cpu", "cuda", "cuda:1"); None is
     the CPU. Under torchrun a bare "cuda" is this process's GPU (cuda:LOCAL_RANK). A device this machine does
     not have is refused with one line that names ``option``, before any work."""
@@ -105,7 +105,7 @@ def training_device(device=None, option: str = "--device") -> torch.device:
     if chosen.type == "cpu":
         return chosen
     if chosen.type != "cuda":
-        raise InputError(f"{option} {device!r}: minibert trains on cpu or cuda")
+        raise InputError(f"{option} {device!r}: minibert {doing} on cpu or cuda")
     if not torch.cuda.is_available():
         raise InputError(f"{option} {device!r}: PyTorch sees no CUDA device on this machine (torch "
                          f"{torch.__version__}, torch.cuda.is_available() is False): use --device cpu")
@@ -116,6 +116,21 @@ def training_device(device=None, option: str = "--device") -> torch.device:
                          + (f" (LOCAL_RANK is {index})" if chosen.index is None else ""))
     torch.cuda.set_device(index)  # NCCL and the autocast / GradScaler state follow the current device
     return torch.device("cuda", index)
+
+
+def inference_device(device=None, option: str = "--device", dtype=None) -> torch.device:
+    """Where an inference command runs its model: as ``training_device`` (the same checks and one-line
+    errors), and ``dtype`` "int8" refused on a GPU (its kernels are the CPU's)."""
+    from .errors import InputError
+
+    try:
+        asked = torch.device(device) if device is not None else None
+    except (RuntimeError, TypeError, ValueError):
+        asked = None  # training_device says what is wrong with it
+    if asked is not None and asked.type != "cpu" and str(dtype) == "int8":
+        raise InputError(f"{option} {device!r} with int8: int8 dynamic quantisation runs on the CPU only (its kernels "
+                         "are fbgemm's / oneDNN's); on a GPU use fp16 or bf16")
+    return training_device(device, option, doing="runs")
 
 
 @functools.lru_cache(maxsize=1)

@@ -38,7 +38,7 @@ from .loading import load_model, save_model
 class BertOutput:
     last_hidden_state: torch.Tensor  # (B, T, H): the output of the last block
     pooler_output: torch.Tensor | None  # (B, H): tanh(W h_[CLS] + b), or None without a pooler
-    hidden_states: tuple[torch.Tensor, ...]  # N + 1 tensors (B, T, H): [0] embeddings, [i] block i
+    hidden_states: tuple[torch.Tensor, ...] | None  # N + 1 tensors (B, T, H): [0] embeddings, [i] block i
     attentions: tuple[torch.Tensor, ...] | None = None  # N tensors (B, h, T, T) when asked for
 
     def __getitem__(self, key: str):
@@ -197,13 +197,16 @@ class Encoder(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x, mask=None, return_probs=False, num_blocks=None, skip_blocks=()):
-        """Run blocks 0..num_blocks-1 (all by default); a block in ``skip_blocks`` is the identity."""
+    def forward(self, x, mask=None, return_probs=False, num_blocks=None, skip_blocks=(), keep_all=True):
+        """Run blocks 0..num_blocks-1 (all by default); a block in ``skip_blocks`` is the identity.
+        ``keep_all=False`` keeps only the latest output (the earlier ones are freed as the stack runs)."""
         hidden_states, attentions = [x], []
         for i, block in enumerate(self.blocks[:num_blocks]):
             probs = None
             if i not in skip_blocks:
                 x, probs = block(x, mask, return_probs)
+            if not keep_all:
+                hidden_states.clear()  # only the latest output is kept: the earlier ones can be freed
             hidden_states.append(x)
             attentions.append(probs)
         return hidden_states, attentions
@@ -281,27 +284,30 @@ class BertModel(nn.Module):
         return self.embeddings.word.weight.dtype
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_attentions=False, *, num_blocks=None, skip_blocks=()) -> BertOutput:
+                output_attentions=False, output_hidden_states=True, *, num_blocks=None, skip_blocks=()) -> BertOutput:
         """input_ids (B, T) token ids. attention_mask (B, T): nonzero = real token, 0 = padding (keys at
         padding are never attended to). token_type_ids (B, T): segment 0 or 1, default 0.
         position_ids (B, T): default 0..T-1 in every row. token_type_ids and position_ids may also be one
         row, (1, T) or (T,), for the whole batch. A 1-D input is taken as one sequence.
 
         ``num_blocks=k`` exits early after the first k blocks (hidden_states then has k + 1 entries and the
-        pooler reads block k's output); ``skip_blocks=[i, ...]`` makes those blocks the identity."""
+        pooler reads block k's output); ``skip_blocks=[i, ...]`` makes those blocks the identity.
+        ``output_hidden_states=False`` returns ``hidden_states=None`` and keeps only the last block's output
+        while the stack runs (less memory; the default keeps them all, as layer analysis needs)."""
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             self.config, self.device, input_ids, attention_mask, token_type_ids, position_ids)
         num_blocks, skip_blocks = check_blocks(self.config, num_blocks, skip_blocks)
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        hidden_states, attentions = self.encoder(x, mask, output_attentions, num_blocks, skip_blocks)
+        hidden_states, attentions = self.encoder(x, mask, output_attentions, num_blocks, skip_blocks,
+                                                 keep_all=output_hidden_states)
 
         last = hidden_states[-1]
         return BertOutput(
             last_hidden_state=last,
             pooler_output=self.pooler(last) if self.pooler is not None else None,
-            hidden_states=tuple(hidden_states),
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
 

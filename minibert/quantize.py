@@ -24,8 +24,10 @@ row holding -1 and 1 goes with every call: the grid is then exactly the one abov
 rows, and each token's result is independent of the batch by construction (up to the kernel's fp32
 rounding of the rescale, which may differ with the number of rows). Which library runs the
 kernel is chosen per CPU (``int8_engine``): oneDNN where the CPU has VNNI or AMX int8 instructions (2.6x
-fbgemm's speed at 1024 x 768 x 3072 on a Xeon with AMX), otherwise torch's default (fbgemm on x86,
-qnnpack on ARM). Integer sums are exact in every one, so the results agree up to fp32 rounding.
+fbgemm's speed at 1024 x 768 x 3072 on a Xeon with AMX); otherwise every engine torch has (oneDNN, x86,
+fbgemm, qnnpack) is timed against fp32 once on this CPU and the fastest taken -- and when even that one is
+slower than fp32, quantising says so (``say_if_slower_than_fp32``): int8 then saves memory, not time.
+Integer sums are exact in every engine, so the results agree up to fp32 rounding.
 
 Embeddings, LayerNorms, attention (softmax over fp32 scores), GELU, the pooler and task heads stay fp32.
 
@@ -66,17 +68,101 @@ CLIP_RATIOS = tuple(round(0.72 + 0.04 * i, 2) for i in range(8))
 INT8_DOT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 
+#: the product an engine is timed on: (rows, in, out) -- a BERT-base FFN-in on 256 tokens
+ENGINE_PROBE = (256, 768, 3072)
+#: torch's quantised engines that run int8 linear layers on x86 / Arm (the ones this torch has are tried)
+ENGINES = ("onednn", "x86", "fbgemm", "qnnpack")
+
+
+def has_int8_dot() -> bool:
+    """Whether this CPU has int8 dot-product instructions (VNNI, AMX-int8): where int8 beats fp32 easily."""
+    from .hardware import cpu_info
+
+    _, flags = cpu_info()
+    return any(f in flags for f in INT8_DOT_FLAGS)
+
+
 @functools.lru_cache(maxsize=None)
 def int8_engine() -> str:
     """The quantised engine whose kernels run int8 linear layers on this CPU: ``"onednn"`` where the CPU
-    has int8 dot products (VNNI, AMX) and torch has oneDNN, otherwise torch's current default."""
+    has int8 dot products (VNNI, AMX) and torch has oneDNN; otherwise the fastest of torch's engines on
+    this CPU (``engine_choice``: measured once, kept)."""
+    if has_int8_dot() and "onednn" in torch.backends.quantized.supported_engines:
+        return "onednn"
+    return engine_choice()["engine"]
+
+
+def engine_choice() -> dict:
+    """How int8 runs on this CPU: ``{"engine", "dot_instructions", "relative_to_fp32"}``. With VNNI / AMX
+    oneDNN is taken unmeasured (``relative_to_fp32`` None); without them every engine this torch has is
+    timed against fp32's F.linear on ``ENGINE_PROBE`` (``engine_times``) and the fastest taken -- kept per
+    machine in ``int8_engines.json`` (``minibert.measured``)."""
+    from . import measured
+
+    if has_int8_dot() and "onednn" in torch.backends.quantized.supported_engines:
+        return {"engine": "onednn", "dot_instructions": True, "relative_to_fp32": None}
+    path, machine, what = measured.cache_dir() / "int8_engines.json", measured.machine_key(), "x".join(map(str, ENGINE_PROBE))
+    entry = measured.saved_entry(path, machine, what)
+    times = entry.get("relative_to_fp32") if entry else None
+    usable = [e for e in ENGINES if e in torch.backends.quantized.supported_engines]
+    if not (isinstance(times, dict) and times and set(times) <= set(usable)):
+        times = {e: round(t, 3) for e, t in engine_times(*ENGINE_PROBE).items()}
+        if times:
+            measured.write_json_entry(path, machine, what, {"relative_to_fp32": times})
+    engine = min(times, key=times.get) if times else torch.backends.quantized.engine
+    return {"engine": engine, "dot_instructions": False, "relative_to_fp32": times}
+
+
+def engine_times(rows: int, in_features: int, out_features: int, rounds: int = 3) -> dict[str, float]:
+    """Each engine's time for one int8 product of (rows, in) x (out, in)^T relative to fp32 F.linear's: the
+    best of ``rounds`` alternating calls after a warm-up each. An engine that fails here is left out."""
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(out_features, in_features, generator=g), torch.randn(out_features, generator=g)
+    x = torch.randn(rows, in_features, generator=g)
+    q = quantize_weight(w)
+    fns = {"fp32": lambda: torch.nn.functional.linear(x, w, b)}
+    for engine in ENGINES:
+        if engine not in torch.backends.quantized.supported_engines:
+            continue
+        try:
+            kernel = PackedInt8(q, b, engine=engine)
+            kernel(x)
+        except RuntimeError:
+            continue
+        fns[engine] = lambda kernel=kernel: kernel(x)
+    best = dict.fromkeys(fns, float("inf"))
+    with torch.inference_mode():
+        for _ in range(rounds + 1):  # the first round warms up
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - start) if _ else best[name]
+    return {name: t / best["fp32"] for name, t in best.items() if name != "fp32"}
+
+
+_said_slow: list = []
+
+
+def say_if_slower_than_fp32(stacklevel: int = 3) -> None:
+    """When int8 is asked for on a CPU where even its fastest engine is slower than fp32 (no VNNI / AMX int8
+    instructions), say so once per process: the memory saving stays, the speed does not come."""
+    choice = engine_choice()
+    times = choice["relative_to_fp32"]
+    if choice["dot_instructions"] or not times or _said_slow:
+        return
+    best = min(times.values())
+    if best <= 1.0:
+        return
+    _said_slow.append(True)
     from .hardware import cpu_info
 
-    default = torch.backends.quantized.engine
-    _, flags = cpu_info()
-    if "onednn" in torch.backends.quantized.supported_engines and any(f in flags for f in INT8_DOT_FLAGS):
-        return "onednn"
-    return default
+    tried = ", ".join(f"{e} {t:.2f}x" for e, t in sorted(times.items(), key=lambda x: x[1]))
+    warnings.warn(f"int8 on this CPU ({cpu_info()[0] or 'unknown model'}: no VNNI or AMX int8 instructions) is slower "
+                  f"than fp32: every engine torch has was tried on a {' x '.join(map(str, ENGINE_PROBE))} product "
+                  f"({tried} fp32's time) and the fastest, {choice['engine']}, is used. int8 still makes the linear "
+                  "weights 4x smaller; for speed, use fp32 on this CPU", RuntimeWarning, stacklevel=stacklevel)
 
 
 @contextlib.contextmanager
@@ -126,11 +212,11 @@ class PackedInt8:
     """A quantised weight prepacked for PyTorch's int8 linear kernel (of ``int8_engine()``), with the fp32
     bias and the row sums of the quantised weight (what the tokens' centres are multiplied by)."""
 
-    def __init__(self, qweight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, qweight: torch.Tensor, bias: torch.Tensor | None, engine: str | None = None):
         self.qweight = qweight
         self.bias = None if bias is None else bias.detach().float()
         self.row_sums = qweight.dequantize().sum(1)  # (out,): sum_i (s W_q)[o, i]
-        with warnings.catch_warnings(), _engine(int8_engine()):
+        with warnings.catch_warnings(), _engine(engine or int8_engine()):
             warnings.filterwarnings("ignore", message=".*quantized.*")
             self.packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.out_features = qweight.shape[0]
@@ -221,6 +307,7 @@ def quantize_linears(model: nn.Module) -> nn.Module:
                                  "minibert.training.adapters, say), which the int8 layer would drop: remove them "
                                  "(remove_adapter) first; adapters and prefixes stay")
             places.append((parent, name, linear))
+    say_if_slower_than_fp32(stacklevel=4)
     for parent, name, linear in places:
         setattr(parent, name, Int8Linear(linear))
     for p in model.parameters():  # inference only: what is left in fp32 (embeddings, LayerNorms) is frozen too

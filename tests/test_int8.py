@@ -177,3 +177,43 @@ def test_task_model_in_int8(tmp_path, minilm_dir):
     got, want = q.predict(texts), fp32.predict(texts)
     for g, w in zip(got, want):
         assert abs(g["scores"]["a"] - w["scores"]["a"]) < 0.1
+
+
+def test_without_int8_dot_products_every_engine_is_tried_and_a_slow_int8_is_said(monkeypatch, tmp_path, minilm_dir):
+    """No VNNI / AMX-int8 (stood in for): every quantised engine torch has is timed against fp32 once (kept
+    in the cache), the fastest taken; when even that one is slower than fp32, asking for int8 says so,
+    once. With VNNI oneDNN is taken unmeasured."""
+    import warnings
+
+    from minibert import BertModel
+
+    assert set(quantize.engine_times(16, 64, 96, rounds=1)) == {
+        e for e in quantize.ENGINES if e in torch.backends.quantized.supported_engines}
+    monkeypatch.setenv("MINIBERT_CACHE", str(tmp_path))
+    monkeypatch.setattr(quantize, "has_int8_dot", lambda: False)
+    monkeypatch.setattr(quantize, "_said_slow", [])
+    quantize.int8_engine.cache_clear()
+    timed = []
+
+    def fake_times(*shape, **kw):
+        timed.append(shape)
+        return {e: t for e, t in {"onednn": 1.6, "x86": 1.2, "fbgemm": 1.3, "qnnpack": 3.0}.items()
+                if e in torch.backends.quantized.supported_engines}
+    monkeypatch.setattr(quantize, "engine_times", fake_times)
+    try:
+        choice = quantize.engine_choice()
+        assert choice["engine"] == "x86" and not choice["dot_instructions"] and timed == [quantize.ENGINE_PROBE]
+        assert quantize.engine_choice()["engine"] == "x86" and len(timed) == 1  # kept, not measured again
+        with pytest.warns(RuntimeWarning, match=r"int8 on this CPU .*no VNNI or AMX int8 instructions\) is slower than "
+                                                r"fp32: .*x86 1.20x.* the fastest, x86, is used"):
+            model = BertModel.from_pretrained(minilm_dir, dtype="int8")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            BertModel.from_pretrained(minilm_dir, dtype="int8")  # said once per process
+        assert model.encoder.blocks[0].attn.query.kernel() is not None  # the x86 engine runs it
+    finally:
+        quantize.int8_engine.cache_clear()
+    monkeypatch.setattr(quantize, "has_int8_dot", lambda: True)
+    if "onednn" in torch.backends.quantized.supported_engines:
+        assert quantize.engine_choice() == {"engine": "onednn", "dot_instructions": True, "relative_to_fp32": None}
+    quantize.int8_engine.cache_clear()

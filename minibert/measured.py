@@ -1,0 +1,78 @@
+"""Choices measured once per machine and kept: which kernel is fastest here (``tools.kernels``' fp32
+routes and whole-block plans, ``tools.varlen``'s attention kernels, ``quantize``'s int8 engine).
+
+A choice holds for a machine key -- the CPU model and a hash of its flags (two generations may share a
+model name), torch's thread count and version -- and is kept in a JSON file under ``$MINIBERT_CACHE``
+(default ``$XDG_CACHE_HOME/minibert`` or ``~/.cache/minibert``), {machine: {what: entry}}, so later
+processes do not measure again. A damaged file is measured again; a folder that cannot be written is
+skipped (the choice then lasts for the process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import InputError
+from .hardware import cpu_info
+
+CACHE_ENV = "MINIBERT_CACHE"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "minibert"))
+
+
+def machine_key() -> str:
+    """What a measured choice holds for: the CPU model and its flags, torch's thread count and version."""
+    name, flags = cpu_info()
+    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:8]
+    return f"{name or 'unknown CPU'} (flags {digest}) | {torch.get_num_threads()} threads | torch {torch.__version__}"
+
+
+def read_json(path: Path) -> dict:
+    """A cache file of measured choices ({machine: {what: entry}}); {} when there is none or it is damaged."""
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def saved_entry(path: Path, machine: str, what: str) -> dict | None:
+    """The entry kept for ``what`` on ``machine`` in the cache file ``path``, or None."""
+    mine = read_json(path).get(machine)
+    entry = mine.get(what) if isinstance(mine, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def write_json_entry(path: Path, machine: str, what: str, entry: dict) -> None:
+    """Add one choice to the cache file ``path``: written to a temporary name and renamed into place, so a
+    reader (another process) never sees half a file; a folder that cannot be written is skipped."""
+    path = Path(path)
+    saved = read_json(path)
+    mine = saved.get(machine) if isinstance(saved.get(machine), dict) else {}
+    saved[machine] = {**mine, what: entry}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def forced_choice(variable: str, choices: tuple) -> str | None:
+    """The choice an environment variable fixes instead of measuring (checked against ``choices``), or None
+    when it is not set."""
+    forced = os.environ.get(variable, "").strip()
+    if not forced:
+        return None
+    if forced not in choices:
+        raise InputError(f"{variable}={forced!r}: use one of {choices} (or unset it to measure)")
+    return forced
