@@ -308,7 +308,7 @@ def test_blocked_fast_path_gives_f_linears_numbers(minilm):
     qkv = 3 * H * H * 4 * N  # the fused (3H, H) matrices, one per kernel option
     blocks = N * (copied(3 * H, H) + copied(H, H) + copied(F_, H) + copied(H, F_))
     assert fastmod.cached_bytes(model) == qkv + qkv + blocks  # "linear": QKV; "blocked": QKV + the blocked copies
-    assert set(fastmod.routes(model, "linear").values()) == {"linear"}
+    assert set(fastmod.routes(model, "linear").values()) == {"linear", "loop"}
     fastmod.release(model)
 
 
@@ -320,59 +320,107 @@ def test_blocked_fast_path_keeps_f_linear_where_no_block_is_found(minilm, monkey
     with torch.inference_mode():
         blocked, plain = prepare(model, fp32_kernel="blocked")(**batch), prepare(model, fp32_kernel="linear")(**batch)
     assert torch.equal(blocked.last_hidden_state, plain.last_hidden_state)
-    assert set(fastmod.routes(model, "blocked").values()) == {"linear"}
+    assert set(fastmod.routes(model, "blocked").values()) == {"linear", "loop"}
     fastmod.release(model)
 
 
 def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_path):
     """fp32_kernel="auto" measures the routes of each weight shape once per CPU model, thread count and torch
-    version (kernels.calibrate), takes the fastest -- oneDNN's own order only when it wins by more than 5 %
-    -- keeps the choice in the cache file for later processes, and gives way to $MINIBERT_FP32_KERNEL."""
+    version (kernels.calibrate), then decides on the whole block (fast.time_plans: the per-product choice
+    against every route for all products) -- oneDNN's own order only when it wins by more than 3 % --,
+    keeps both in the cache file for later processes, and gives way to $MINIBERT_FP32_KERNEL."""
     from minibert.tools import kernels
 
     assert kernels.decide({"linear": 1.0, "blocked": 0.7, "onednn": 0.5}) == "onednn"
     assert kernels.decide({"linear": 1.0, "blocked": 0.7, "onednn": 0.68}) == "blocked"  # within 5 %: exact
     assert kernels.decide({"linear": 1.0, "blocked": 1.3, "onednn": 0.97}) == "linear"
     assert kernels.decide({"linear": 1.0}) == "linear"
+    every = {r: dict.fromkeys(fastmod.PRODUCTS, r) for r in kernels.ROUTES}
+    mixed = {**every["onednn"], "ffn out": "blocked"}
+    plans = {**every, "per product": mixed}
+    # the Zen 3 case: oneDNN won each product alone, F.linear wins the block
+    assert fastmod.decide_plan({"linear": 1.0, "blocked": 1.22, "onednn": 1.05, "per product": 1.04}, plans) == "linear"
+    assert fastmod.decide_plan({"linear": 1.0, "blocked": 0.9, "onednn": 0.88, "per product": 0.8}, plans) == "per product"
+    assert fastmod.decide_plan({"linear": 1.0, "blocked": 0.9, "onednn": 0.88}, plans) == "blocked"  # within 3 %
     model, tok = minilm
     monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(kernels, "_CHOICES", {})
-    measured = []
+    monkeypatch.setattr(fastmod, "_PLANS", {})
+    measured, timed = [], []
 
     def fake_calibrate(out_features, in_features):  # the FFN-out shape runs blocked fastest, the rest oneDNN
         measured.append((out_features, in_features))
         if (out_features, in_features) == (model.config.hidden_size, model.config.intermediate_size):
             return {"linear": 1.0, "blocked": 0.6, "onednn": 0.9}
         return {"linear": 1.0, "blocked": 1.2, "onednn": 0.5}
+
+    block_times = {"linear": 1.0, "blocked": 1.1, "onednn": 0.97, "per product": 0.8}
+
+    def fake_time_plans(config, candidates):
+        timed.append(dict(candidates))
+        return {name: block_times[name] for name in candidates}
     monkeypatch.setattr(kernels, "calibrate", fake_calibrate)
+    monkeypatch.setattr(fastmod, "time_plans", fake_time_plans)
     fastmod.release(model)
     expected = {"qkv": "onednn", "attention output": "onednn", "ffn in": "onednn", "ffn out": "blocked"}
     if fastmod.summation_block(model.config.hidden_size, model.config.intermediate_size) is None:
         expected["ffn out"] = "onednn"  # no blocked route on this CPU: only the routes it runs are measured
     if not fastmod._MKLDNN:
         expected = dict.fromkeys(expected, "linear")
-    assert fastmod.routes(model) == expected
+    assert {k: v for k, v in fastmod.routes(model).items() if k != "attention"} == expected
     assert len(measured) == (4 if fastmod._MKLDNN else 0)  # once per shape, not per block
+    assert len(timed) == (1 if fastmod._MKLDNN else 0)  # one whole-block decision per geometry
+    if fastmod._MKLDNN:
+        assert timed[0]["linear"] == every["linear"] and (timed[0].get("per product") or expected) == expected
     saved = json.loads((tmp_path / "fp32_kernels.json").read_text())
-    assert list(saved) == [kernels.machine_key()] and len(saved[kernels.machine_key()]) == len(measured)
+    assert list(saved) == [kernels.machine_key()] and len(saved[kernels.machine_key()]) == len(measured) + len(timed)
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     slow, fast = both(model, batch)
     assert compare(slow, fast, batch["attention_mask"]) <= noise_factor(model) * fp32_noise_floor(model, batch)
-    # another process (an empty in-process table) reads the file and measures nothing
+    # the block says F.linear: every product takes it, whatever each won alone
+    if fastmod._MKLDNN:
+        block_times.update({"linear": 1.0, "onednn": 1.05, "per product": 1.04, "blocked": 1.2})
+        monkeypatch.setattr(fastmod, "_PLANS", {})
+        (tmp_path / "fp32_kernels.json").write_text(json.dumps({kernels.machine_key(): {
+            k: v for k, v in saved[kernels.machine_key()].items() if not k.startswith("block")}}))
+        fastmod.release(model)
+        assert set(v for k, v in fastmod.routes(model).items() if k != "attention") == {"linear"}
+        block_times.update({"linear": 1.0, "onednn": 0.97, "per product": 0.8, "blocked": 1.1})
+        (tmp_path / "fp32_kernels.json").write_text(json.dumps(saved))
+    # another process (empty in-process tables) reads the file and measures nothing
     monkeypatch.setattr(kernels, "_CHOICES", {})
+    monkeypatch.setattr(fastmod, "_PLANS", {})
     fastmod.release(model)
     measured.clear()
-    assert fastmod.routes(model) == expected and measured == []
+    timed.clear()
+    assert {k: v for k, v in fastmod.routes(model).items() if k != "attention"} == expected
+    assert measured == [] and timed == []
     # the override: every product on one route, nothing measured
     monkeypatch.setattr(kernels, "_CHOICES", {})
+    monkeypatch.setattr(fastmod, "_PLANS", {})
     monkeypatch.setenv(kernels.OVERRIDE_ENV, "linear")
     fastmod.release(model)
-    assert set(fastmod.routes(model).values()) == {"linear"} and measured == []
+    assert set(fastmod.routes(model).values()) == {"linear", "loop"} and measured == [] and timed == []
     monkeypatch.setenv(kernels.OVERRIDE_ENV, "fastest")
     fastmod.release(model)
     with pytest.raises(ValueError, match=r"MINIBERT_FP32_KERNEL='fastest': use one of \('linear', 'blocked', 'onednn'\)"):
         fastmod.routes(model)
     fastmod.release(model)
+
+
+def test_the_whole_block_is_timed_for_every_candidate():
+    """time_plans runs each candidate as a real block (dense and padded contexts) and reports times relative
+    to F.linear's plan; block_plan keeps an exact plan unless oneDNN's own order wins by the margin."""
+    from minibert.config import BertConfig
+    from minibert.tools import kernels
+
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=128)
+    candidates = {r: dict.fromkeys(fastmod.PRODUCTS, r) for r in kernels.ROUTES
+                  if all(kernels.runs_here(r, *shape) for shape in ((96, 32), (32, 32), (64, 32), (32, 64)))}
+    relative = fastmod.time_plans(config, candidates, rounds=1)
+    assert set(relative) == set(candidates) and relative["linear"] == 1.0
+    assert all(0 < t < 100 for t in relative.values())
 
 
 def test_calibration_measures_every_route_this_cpu_runs():

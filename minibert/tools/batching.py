@@ -89,3 +89,54 @@ def text_batches(tokenizer, texts: Sequence[str], text_pairs: Sequence[str] | No
         yield rows, collate(ids, rows, tokenizer.pad_token_id, device=device,
                             token_type_ids=encoded.get("token_type_ids") if pairs is not None else None,
                             offset_mapping=encoded["offset_mapping"] if offsets else None)
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def prefetch(items, depth: int = 3):
+    """Iterate ``items`` (an iterable doing CPU work: tokenising, collating) in a background thread, at
+    most ``depth`` items ahead of the consumer, so that work overlaps with what the consumer does with each
+    item (a GPU's forward pass). Items come in their order; an exception in the thread is raised here, at
+    the item where it happened; leaving the loop early stops the thread."""
+    import queue
+    import threading
+
+    check_positive("depth", depth)
+    ahead: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work():
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(done)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
+            put(_Failure(error))
+
+    thread = threading.Thread(target=work, name="minibert-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ahead.get()
+            if item is done:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

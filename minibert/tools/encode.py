@@ -7,22 +7,37 @@
 (or ``encode_ids`` on ids they already have), so batching, pooling and the output order are decided in one
 place: batches follow ``tools.batching.plan_batches`` (longest first, by count or by a token budget), each
 row's vector is written back to its own index, and a model of any kind the library makes runs on the fast
-path (``tools.fast``: a task model's encoder, int8, LoRA, bf16; vectors come back as float32).
+path (``tools.fast``: a task model's encoder, int8, LoRA, bf16; vectors come back as float32). The fast
+path keeps only the hidden states that are pooled.
+
+On a GPU (``device="cuda"``, or a model already there) the work is laid out for it: a background thread
+tokenises and collates the next batches while the GPU runs this one (``overlap``; texts ordered by their
+length in characters, batched by their true token counts within slabs of ``SLAB`` texts), batches go to
+the GPU from pinned memory without blocking, batches default to a token budget (``GPU_MAX_TOKENS``), and
+the vectors stay on the GPU until one copy at the end. Output order and values are the same (fp32:
+within 1e-6 of the CPU's vectors).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import copy
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..checks import check_index
 from ..errors import InputError
-from .batching import collate, plan_batches
+from ..hardware import inference_device
+from .batching import collate, plan_batches, prefetch
 from .fast import prepare
 from .pooling import pool
 from .progress import progress_bar
+
+#: the token budget of a batch on a GPU when neither batch_size nor max_tokens is given
+GPU_MAX_TOKENS = 16384
+#: texts tokenised at a time by the overlapping worker (then batched by their true lengths)
+SLAB = 2048
 
 
 def encoder_of(model):
@@ -35,64 +50,152 @@ def encoder_of(model):
     return encoder
 
 
-def encode_ids(model, ids: Sequence[Sequence[int]], pad_token_id: int, *, pooling: str | Sequence[str] = "mean",
-               normalize: bool = False, batch_size: int | None = 32, max_tokens: int | None = None,
-               progress: bool = False, layer: int | Sequence[int] = -1, combine: str = "concat") -> torch.Tensor:
-    """Vectors (N, D) float32 of already tokenised texts, in their order. ``pooling``: a mode of
-    ``tools.pooling`` or several (their vectors concatenated, as sentence-transformers does); ``layer``:
-    which hidden state to pool (-1 = the last block's output), or several, joined by ``combine``
-    (``"concat"``, or ``"mean"`` of the layers' vectors); ``normalize``: unit vectors."""
-    encoder = encoder_of(model)
-    modes = [pooling] if isinstance(pooling, str) else list(pooling)
-    if not modes:
-        raise InputError("pooling: name at least one mode")
-    L = encoder.config.num_hidden_layers
-    layers = [layer] if isinstance(layer, int) else list(layer)
-    for i in layers:
-        check_index("layer", i, -(L + 1), L, f"the model has hidden states 0..{L}; -1 is the last")
-    if not layers:
-        raise InputError("layer: name at least one hidden state")
-    if combine not in ("concat", "mean"):
-        raise InputError(f"combine={combine!r}: use 'concat' or 'mean'")
-    width = encoder.config.hidden_size * len(modes) * (len(layers) if combine == "concat" else 1)
-    out = torch.empty(len(ids), width, dtype=torch.float32)
-    if not len(ids):
+def on_device(encoder, device):
+    """``encoder`` where ``device`` says (None: where it is). A model elsewhere is copied there for this call,
+    never moved: the caller's model stays as it was. int8 stays on the CPU (refused elsewhere)."""
+    if device is None:
+        return encoder
+    target = inference_device(device, option="device", dtype=getattr(encoder, "quantized", None))
+    if target == encoder.device:
+        return encoder
+    return copy.deepcopy(encoder).to(target)
+
+
+class _Pooling:
+    """The options of one encoding, checked once: pooling modes, layers and how they join."""
+
+    def __init__(self, encoder, pooling, layer, combine, normalize):
+        self.modes = [pooling] if isinstance(pooling, str) else list(pooling)
+        if not self.modes:
+            raise InputError("pooling: name at least one mode")
+        L = encoder.config.num_hidden_layers
+        self.layers = [layer] if isinstance(layer, int) else list(layer)
+        for i in self.layers:
+            check_index("layer", i, -(L + 1), L, f"the model has hidden states 0..{L}; -1 is the last")
+        if not self.layers:
+            raise InputError("layer: name at least one hidden state")
+        if combine not in ("concat", "mean"):
+            raise InputError(f"combine={combine!r}: use 'concat' or 'mean'")
+        self.combine, self.normalize = combine, normalize
+        self.width = encoder.config.hidden_size * len(self.modes) * (len(self.layers) if combine == "concat" else 1)
+
+    def __call__(self, run, batch) -> torch.Tensor:
+        """(B, width) float32 vectors of one batch, on the model's device."""
+        result = run(**batch, output_hidden_states=self.layers)  # only the pooled states are kept
+        per_layer = [torch.cat([pool(result.hidden_states[i], batch["attention_mask"], m) for m in self.modes], -1)
+                     for i in self.layers]  # each (B, H x modes)
+        vectors = (torch.cat(per_layer, -1) if self.combine == "concat" else torch.stack(per_layer).mean(0)).float()
+        return F.normalize(vectors, p=2, dim=-1) if self.normalize else vectors
+
+
+def _run_batches(encoder, pooling: _Pooling, batches, count: int, progress: bool) -> torch.Tensor:
+    """(count, width) float32 on the CPU from ``(rows, batch)`` pairs: each batch's vectors written to its
+    rows. On a GPU the vectors stay there until one copy at the end."""
+    out = torch.empty(count, pooling.width, dtype=torch.float32)
+    if not count:
         return out
+    device = encoder.device
+    on_gpu = device.type != "cpu"
     run = prepare(encoder)
-    bar = progress_bar(len(ids), "encode", progress)
+    bar = progress_bar(count, "encode", progress)
+    kept_rows, kept = [], []
     training = encoder.training
     encoder.eval()  # vectors are an inference result (no dropout); the mode comes back below
     try:
         with torch.inference_mode():
-            for rows in plan_batches([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens):
-                batch = collate(ids, rows, pad_token_id, device=encoder.device)
-                result = run(**batch)
-                per_layer = [torch.cat([pool(result.hidden_states[i], batch["attention_mask"], m) for m in modes], -1)
-                             for i in layers]  # each (B, H x modes)
-                vectors = (torch.cat(per_layer, -1) if combine == "concat" else torch.stack(per_layer).mean(0)).float()
-                if normalize:
-                    vectors = F.normalize(vectors, p=2, dim=-1)
-                out[torch.as_tensor(rows)] = vectors.cpu()
+            for rows, batch in batches:
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                vectors = pooling(run, batch)
+                if on_gpu:
+                    kept_rows.append(torch.as_tensor(rows))
+                    kept.append(vectors)
+                else:
+                    out[torch.as_tensor(rows)] = vectors
                 bar.update(len(rows))
+            if kept:
+                out[torch.cat(kept_rows)] = torch.cat(kept).cpu()  # one copy back
     finally:
         encoder.train(training)
         bar.close()
     return out
 
 
+def _budget(device: torch.device, batch_size, max_tokens):
+    """A GPU's default batches: a token budget, not a count."""
+    if device.type != "cpu" and batch_size is None and max_tokens is None:
+        return None, GPU_MAX_TOKENS
+    if batch_size is None and max_tokens is None:
+        return 32, None
+    return batch_size, max_tokens
+
+
+def encode_ids(model, ids: Sequence[Sequence[int]], pad_token_id: int, *, pooling: str | Sequence[str] = "mean",
+               normalize: bool = False, batch_size: int | None = None, max_tokens: int | None = None,
+               progress: bool = False, layer: int | Sequence[int] = -1, combine: str = "concat",
+               device=None) -> torch.Tensor:
+    """Vectors (N, D) float32 of already tokenised texts, in their order. ``pooling``: a mode of
+    ``tools.pooling`` or several (their vectors concatenated, as sentence-transformers does); ``layer``:
+    which hidden state to pool (-1 = the last block's output), or several, joined by ``combine``
+    (``"concat"``, or ``"mean"`` of the layers' vectors); ``normalize``: unit vectors. ``device``: where
+    to run (default: where the model is; a model elsewhere is copied there, not moved). Batches: at most
+    ``batch_size`` texts and/or ``max_tokens`` padded tokens; neither given: 32 texts on a CPU, a budget of
+    ``GPU_MAX_TOKENS`` tokens on a GPU."""
+    encoder = on_device(encoder_of(model), device)
+    pooling = _Pooling(encoder, pooling, layer, combine, normalize)
+    batch_size, max_tokens = _budget(encoder.device, batch_size, max_tokens)
+    pin = encoder.device.type == "cuda"
+    batches = ((rows, _pinned(collate(ids, rows, pad_token_id), pin))
+               for rows in plan_batches([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens))
+    return _run_batches(encoder, pooling, batches, len(ids), progress)
+
+
+def _pinned(batch: dict, pin: bool) -> dict:
+    return {k: v.pin_memory() for k, v in batch.items()} if pin else batch
+
+
+def streamed_batches(tokenize: Callable[[list[str]], list], texts: Sequence[str], pad_token_id: int, *,
+                     batch_size: int | None, max_tokens: int | None, pin: bool = False, slab: int = SLAB):
+    """``(rows, batch)`` pairs of ``texts``, tokenised as they are needed: texts ordered longest first by
+    characters, tokenised ``slab`` at a time (``tokenize``: a list of texts -> their ids), each slab
+    batched by its true token counts (``plan_batches``), collated (pinned for a GPU with ``pin``). What
+    ``encode_texts`` runs in a background thread (``overlap``)."""
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # stable: ties keep input order
+    for start in range(0, len(order), slab):
+        chunk = order[start:start + slab]
+        ids = tokenize([texts[i] for i in chunk])
+        for rows in plan_batches([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens):
+            yield [chunk[r] for r in rows], _pinned(collate(ids, rows, pad_token_id), pin)
+
+
 def encode_texts(model, tokenizer, texts: Sequence[str], *, pooling: str | Sequence[str] = "mean",
-                 normalize: bool = False, batch_size: int | None = 32, max_tokens: int | None = None,
+                 normalize: bool = False, batch_size: int | None = None, max_tokens: int | None = None,
                  max_length: int | None = None, progress: bool = False, layer: int | Sequence[int] = -1,
-                 combine: str = "concat") -> torch.Tensor:
+                 combine: str = "concat", device=None, overlap: bool | None = None,
+                 tokenize: Callable[[list[str]], list] | None = None) -> torch.Tensor:
     """Vectors (len(texts), D) float32 of ``texts``, in their order: tokenised with truncation to
-    ``max_length`` (default: the tokenizer's limit), then ``encode_ids``."""
+    ``max_length`` (default: the tokenizer's limit), then pooled as ``encode_ids`` does. ``device``: where
+    to run (see ``encode_ids``). ``overlap``: tokenise in a background thread while the model runs
+    (default: on a GPU); ``tokenize``: texts -> ids, when the tokenizer call needs more than truncation
+    (``SentenceEncoder``: lower-casing)."""
     if isinstance(texts, str):
         raise InputError("texts must be a list of strings; wrap a single text in a list")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise InputError(f"texts[{i}] is a {type(t).__name__}, not a string")
-    ids = tokenizer(texts, truncation=True, max_length=max_length, return_token_type_ids=False,
-                    return_attention_mask=False)["input_ids"] if texts else []
-    return encode_ids(model, ids, tokenizer.pad_token_id, pooling=pooling, normalize=normalize, batch_size=batch_size,
-                      max_tokens=max_tokens, progress=progress, layer=layer, combine=combine)
+    if tokenize is None:
+        def tokenize(chunk):
+            return tokenizer(chunk, truncation=True, max_length=max_length, return_token_type_ids=False,
+                             return_attention_mask=False)["input_ids"] if chunk else []
+    encoder = on_device(encoder_of(model), device)
+    if overlap is None:
+        overlap = encoder.device.type == "cuda"
+    if not overlap:
+        return encode_ids(encoder, tokenize(texts), tokenizer.pad_token_id, pooling=pooling, normalize=normalize,
+                          batch_size=batch_size, max_tokens=max_tokens, progress=progress, layer=layer,
+                          combine=combine)
+    pooling = _Pooling(encoder, pooling, layer, combine, normalize)
+    batch_size, max_tokens = _budget(encoder.device, batch_size, max_tokens)
+    batches = prefetch(streamed_batches(tokenize, texts, tokenizer.pad_token_id, batch_size=batch_size,
+                                        max_tokens=max_tokens, pin=encoder.device.type == "cuda"))
+    return _run_batches(encoder, pooling, batches, len(texts), progress)

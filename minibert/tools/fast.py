@@ -4,9 +4,13 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
 (``minibert.testing.fp32_noise_floor``) -- with four changes that only matter for speed:
 
 1. **No padding.** The real tokens of the batch are packed into one (N, H) matrix (N = number of real
-   tokens), so the dense layers, LayerNorms and GELU never touch padding. Attention runs per sequence on
-   its own tokens, which is what the padding mask achieves the slow way. On a batch that is 38 % real
-   tokens this does 38 % of the dense work. A row's result cannot depend on its neighbours.
+   tokens) once per forward pass (``tools.varlen.pack``: indices, ``cu_seqlens``, the longest row), so the
+   dense layers, LayerNorms and GELU never touch padding, and the hidden states asked for are scattered
+   back to (B, T, H) once at the end. Attention runs within each sequence, which is what the padding mask
+   achieves the slow way, by the kernel chosen for this device (``attention=``, ``tools.varlen``): one call
+   per sequence on a CPU; one call for the batch on a GPU (FlashAttention's variable-length kernel, SDPA
+   on nested tensors, or padded SDPA with the mask: measured once per GPU, dtype and head size). On a batch
+   that is 38 % real tokens this does 38 % of the dense work. A row's result cannot depend on its neighbours.
 2. **Fused projections.** Q, K and V come from one (3H x H) matrix product instead of three.
 3. **The fastest matrix kernels on this CPU.** Each fp32 product takes one of three routes
    (``tools/kernels.py``): ``F.linear``; oneDNN's kernels summed in the blocks and order in which MKL's
@@ -15,7 +19,8 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
    rounding apart from ``F.linear``). Which is fastest depends on the CPU, so the default
    (``fp32_kernel="auto"``) measures the three for each weight shape the first time it meets it on this
    CPU model and thread count (about 0.1 s a shape; kept in a cache file, ``kernels.route_for``) and takes
-   the fastest -- oneDNN's own order only when more than 5 % faster than the faster exact route.
+   the fastest -- oneDNN's own order only when more than 5 % faster than the faster exact route --, then
+   decides on the whole block (``block_plan``: a product's speed alone need not hold in the forward pass).
    ``fp32_kernel="linear" | "blocked" | "onednn"`` (or ``$MINIBERT_FP32_KERNEL``) fixes the route;
    ``routes(model)`` says which ones a model runs. The fast path stays within 2x the fp32 noise floor of
    the readable path on the exact routes and within 4x on oneDNN's own order (tested).
@@ -33,6 +38,9 @@ them), keyed weakly (freed with the model), checked for staleness on each call a
 they were made from (an in-place edit, a new tensor, ``.to()``: cheap, no walk over the module tree), and
 freed on demand with ``release(model)``; ``cached_bytes(model)`` says what they hold.
 
+``output_hidden_states`` (True, False or indices) keeps only the hidden states asked for; the rest are
+freed block by block. ``tf32=True`` lets fp32 products on a GPU run in TensorFloat-32 (off by default).
+
 Outputs at padded positions are zeros (the readable path leaves arbitrary, unused values there). When
 attention maps, hooks (minibert's or torch's own module hooks) or training mode are involved the call
 goes to the readable model instead, since only it computes those.
@@ -40,19 +48,22 @@ goes to the readable model instead, since only it computes those.
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
 import torch.nn.functional as F
 
 from ..activations import GELU_APPROXIMATE
+from .. import measured
 from ..errors import InputError
 from ..hardware import warn_if_slow
 from ..hookpoints import GLOBAL_FORWARD_HOOKS, GLOBAL_FORWARD_PRE_HOOKS
+from ..checks import check_index
 from ..inputs import check_blocks, check_inputs
 from ..model import BertModel, BertOutput
 from ..quantize import Int8Linear, PackedInt8, concat_rows
-from . import kernels
+from . import kernels, timing, varlen
 from .hooks import has_hooks
 
 FP32_KERNELS = ("auto",) + kernels.ROUTES  # see the module docstring, point 3, and tools/kernels.py
@@ -132,7 +143,9 @@ class _Int8Linear:
 
 
 class _FastBlock:
-    def __init__(self, block, hidden_act: str, fp32_kernel: str):
+    def __init__(self, block, hidden_act: str, plan: dict[str, str]):
+        """``plan``: the fp32 route of each product (``PRODUCTS``: a route of ``kernels.ROUTES``, or "auto" for
+        the one measured for its shape alone)."""
         a, f = block.attn, block.ffn
         self.heads, self.d = a.num_heads, a.head_size
         gelu = GELU_APPROXIMATE.get(hidden_act)
@@ -144,29 +157,20 @@ class _FastBlock:
             self.ffn_out = _Int8Linear(f.dense_out.kernel())
         else:
             self.qkv = _Linear(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
-                               torch.cat([a.query.bias, a.key.bias, a.value.bias]), fp32_kernel=fp32_kernel)  # (3H, H)
-            self.out = _Linear(a.output.weight, a.output.bias, fp32_kernel=fp32_kernel)
-            self.ffn_in = _Linear(f.dense_in.weight, f.dense_in.bias, gelu=gelu, fp32_kernel=fp32_kernel)
-            self.ffn_out = _Linear(f.dense_out.weight, f.dense_out.bias, fp32_kernel=fp32_kernel)
+                               torch.cat([a.query.bias, a.key.bias, a.value.bias]), fp32_kernel=plan["qkv"])  # (3H, H)
+            self.out = _Linear(a.output.weight, a.output.bias, fp32_kernel=plan["attention output"])
+            self.ffn_in = _Linear(f.dense_in.weight, f.dense_in.bias, gelu=gelu, fp32_kernel=plan["ffn in"])
+            self.ffn_out = _Linear(f.dense_out.weight, f.dense_out.bias, fp32_kernel=plan["ffn out"])
         self.attn_norm = block.attn_norm
         self.act = None if gelu is not None else f.act  # applied separately when not fusable
         self.ffn_norm = block.ffn_norm
 
-    def __call__(self, x: torch.Tensor, lengths: list[int] | None, B: int, T: int, ws: "_Workspace") -> torch.Tensor:
-        """x: (N, H) packed real tokens. lengths: tokens per sequence (None = dense (B, T))."""
-        h, d = self.heads, self.d
+    def __call__(self, x: torch.Tensor, packing: varlen.Packing, attention: str, ws: "_Workspace") -> torch.Tensor:
+        """x: (N, H) packed real tokens; ``packing``: where they sit in the batch (``tools.varlen``);
+        ``attention``: the kernel that attends within each sequence (``varlen.ROUTES``)."""
         N = x.shape[0]
-        qkv = self.qkv(x, out=ws.get("qkv", (N, 3 * h * d), x))  # (N, 3H)
-        if lengths is None:  # dense batch: one attention call for all
-            q, k, v = qkv.view(B, T, 3, h, d).permute(2, 0, 3, 1, 4)  # each (B, h, T, d)
-            ctx = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)  # (B, h, T, d)
-            ctx = ctx.transpose(1, 2).reshape(B * T, h * d)  # (N, H)
-        else:  # one attention call per sequence, on its real tokens only
-            parts = []
-            for chunk in qkv.split(lengths):  # (L, 3H)
-                q, k, v = chunk.view(1, -1, 3, h, d).permute(2, 0, 3, 1, 4)  # each (1, h, L, d)
-                parts.append(F.scaled_dot_product_attention(q, k, v, scale=d**-0.5)[0].transpose(0, 1))
-            ctx = torch.cat(parts).reshape(-1, h * d)  # (N, H)
+        qkv = self.qkv(x, out=ws.get("qkv", (N, 3 * self.heads * self.d), x))  # (N, 3H)
+        ctx = varlen.attend(attention, qkv, packing, self.heads, self.d**-0.5)  # (N, H)
         x = self.attn_norm(self.out(ctx).add_(x))  # residual, then LayerNorm
         inner = self.ffn_in(x, out=ws.get("inner", (N, self.ffn_in.weight.shape[0]), x))  # (N, F)
         if self.act is not None:
@@ -193,8 +197,12 @@ class _Packed:
         # attention's key/value slots (prefix-tuning fills them): a filled one also sends a call there
         self.kv_slots = [b.attn.kv for b in model.encoder.blocks]
         self.threads = torch.get_num_threads()  # the summation blocks found hold for this thread count
+        plan = dict.fromkeys(PRODUCTS, fp32_kernel)
+        if (fp32_kernel == "auto" and _MKLDNN and model.device.type == "cpu" and model.dtype == torch.float32
+                and not isinstance(model.encoder.blocks[0].attn.query, Int8Linear)):
+            plan = block_plan(model.config)  # decided on the whole block, not product by product
         with torch.inference_mode():
-            self.blocks = [_FastBlock(b, model.config.hidden_act, fp32_kernel) for b in model.encoder.blocks]
+            self.blocks = [_FastBlock(b, model.config.hidden_act, plan) for b in model.encoder.blocks]
 
     def stale(self, model: BertModel) -> bool:
         """A module or parameter replaced or added, an in-place edit (version counter), ``.to()`` (data
@@ -230,6 +238,104 @@ def _version(p: torch.Tensor):
         return None
 
 
+# ------------------------------------------------------------------- "auto": routes chosen on the whole block
+PRODUCTS = ("qkv", "attention output", "ffn in", "ffn out")  # a block's four products, as ``routes`` names them
+#: the batches a block is timed on (B, T, real-token fraction): a dense batch and a padded one
+PLAN_CONTEXTS = ((8, 128, 1.0), (16, 128, 0.38))
+_PLANS: dict[tuple, dict[str, str]] = {}
+
+
+def block_plan(config) -> dict[str, str]:
+    """The fp32 routes ``fp32_kernel="auto"`` takes for a block of ``config``'s geometry on this CPU.
+
+    Each product's route measured alone (``kernels.route_for``) need not hold in the forward pass: on an AMD
+    EPYC Zen 3 oneDNN's own order won every BERT-base product alone (0.72-0.84 of F.linear's time) yet the
+    whole forward ran slower than on F.linear (1.20-1.25x transformers' time against 0.95). So the choice is
+    made on the whole block: the per-product choice and each route for every product are timed as one
+    block on ``PLAN_CONTEXTS`` (``time_plans``), and the fastest is taken -- one with oneDNN's own order only
+    when it beats the fastest exact one by more than ``kernels.BLOCK_MARGIN``. Kept, with the times, in the
+    cache file beside the per-shape choices; ``$MINIBERT_FP32_KERNEL`` overrides it."""
+    forced = kernels.forced_route()
+    if forced is not None:
+        return dict.fromkeys(PRODUCTS, forced)
+    H, F_ = config.hidden_size, config.intermediate_size
+    shapes = {"qkv": (3 * H, H), "attention output": (H, H), "ffn in": (F_, H), "ffn out": (H, F_)}
+    machine, what = measured.machine_key(), plan_key(config)
+    if (machine, what) in _PLANS:
+        return _PLANS[(machine, what)]
+    entry = measured.saved_entry(kernels.cache_file(), machine, what)
+    plan = entry.get("plan") if entry else None
+    if not (isinstance(plan, dict) and set(plan) == set(PRODUCTS)
+            and all(r in kernels.ROUTES and kernels.runs_here(r, *shapes[p]) for p, r in plan.items())):
+        per_product = {name: kernels.route_for(*shape) for name, shape in shapes.items()}
+        candidates = {route: dict.fromkeys(PRODUCTS, route) for route in kernels.ROUTES
+                      if all(kernels.runs_here(route, *shape) for shape in shapes.values())}
+        if per_product not in candidates.values():
+            candidates["per product"] = per_product
+        relative = time_plans(config, candidates)
+        chosen = decide_plan(relative, candidates)
+        plan = candidates[chosen]
+        measured.write_json_entry(kernels.cache_file(), machine, what, {
+            "plan": plan, "chosen": chosen, "per_product": per_product,
+            "relative_time": {name: round(t, 3) for name, t in relative.items()}})
+    _PLANS[(machine, what)] = plan
+    return plan
+
+
+def plan_key(config) -> str:
+    """The name a block geometry's plan is kept under in the cache file."""
+    return (f"block H={config.hidden_size} F={config.intermediate_size} heads={config.num_attention_heads} "
+            f"{config.hidden_act}")
+
+
+def plan_record(config) -> dict | None:
+    """What ``block_plan`` measured for this geometry on this CPU (plan, the candidate chosen, each product's
+    choice alone, the relative times), from the cache file; None when nothing was measured."""
+    return measured.saved_entry(kernels.cache_file(), measured.machine_key(), plan_key(config))
+
+
+def decide_plan(relative: dict[str, float], candidates: dict[str, dict[str, str]]) -> str:
+    """The candidate to take from ``time_plans``' relative times: the fastest whose products are all exact
+    (F.linear's numbers), unless one with oneDNN's own order beats it by more than ``kernels.BLOCK_MARGIN``."""
+    def exact(name):
+        return all(route in kernels.EXACT_ROUTES for route in candidates[name].values())
+    best_exact = min((n for n in relative if exact(n)), key=relative.get, default=None)
+    best = min(relative, key=relative.get)
+    if best_exact is None or relative[best] < kernels.BLOCK_MARGIN * relative[best_exact]:
+        return best
+    return best_exact
+
+
+def time_plans(config, candidates: dict[str, dict[str, str]], rounds: int = 3) -> dict[str, float]:
+    """Each candidate plan's time for one block of ``config``'s geometry (random weights), relative to
+    F.linear's for every product (or the first candidate's): per context of ``PLAN_CONTEXTS``, the best of
+    ``rounds`` alternating calls after a warm-up call each; the geometric mean over the contexts."""
+    from ..model import Block
+
+    g = torch.Generator().manual_seed(0)
+    block = Block(config).eval()
+    with torch.no_grad():
+        for name, p in block.named_parameters():  # BERT's init: N(0, 0.02) weights, zero biases, LayerNorm = identity
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02 if p.dim() > 1
+                    else torch.ones(p.shape) if "norm.weight" in name else torch.zeros(p.shape))
+    with torch.inference_mode():
+        fast_blocks = {name: _FastBlock(block, config.hidden_act, plan) for name, plan in candidates.items()}
+        logs = dict.fromkeys(candidates, 0.0)
+        for B, T, real in PLAN_CONTEXTS:
+            lengths = [max(1, round(T * real * (0.5 + (i % 4) / 3))) if real < 1 else T for i in range(B)]
+            lengths = [min(T, n) for n in lengths]
+            mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+            packing = varlen.pack(None if real == 1 else mask, B, T)
+            x = torch.randn(sum(lengths), config.hidden_size, generator=g)
+            ws = _Workspace()
+            fns = {name: (lambda b=b: b(x, packing, "loop", ws)) for name, b in fast_blocks.items()}
+            best = {name: min(t) for name, t in timing.alternate(fns, rounds, warmup=1, rotate=True).items()}
+            base = best.get("linear", best[next(iter(candidates))])
+            for name in candidates:
+                logs[name] += math.log(best[name] / base) / len(PLAN_CONTEXTS)
+    return {name: math.exp(v) for name, v in logs.items()}
+
+
 #: model -> {fp32_kernel: _Packed}. Beside the model, not in it: an opaque prepacked oneDNN tensor cannot
 #: be deep-copied or pickled. Weak keys: an entry goes when its model does (the blocks refer to the
 #: model's LayerNorm modules, never to the model itself).
@@ -254,18 +360,20 @@ NOISE_FACTOR = {"linear": 2, "blocked": 2, "onednn": 4}
 
 def noise_factor(model: BertModel, fp32_kernel: str = "auto") -> int:
     """The bound (``NOISE_FACTOR``) of the routes ``model``'s fp32 fast path takes with ``fp32_kernel``."""
-    return max(NOISE_FACTOR[route] for route in routes(model, fp32_kernel).values())
+    return max(NOISE_FACTOR[route] for name, route in routes(model, fp32_kernel).items() if name != "attention")
 
 
-def routes(model: BertModel, fp32_kernel: str = "auto") -> dict[str, str]:
+def routes(model: BertModel, fp32_kernel: str = "auto", attention: str = "auto") -> dict[str, str]:
     """The route each of a block's products takes on the fast path with ``fp32_kernel`` (``"linear"``,
-    ``"blocked"``, ``"onednn"``; int8 models: ``"int8"``), as ``minibert inspect`` and the benchmarks
-    report them. Builds the fast path's copies if they are not there yet."""
+    ``"blocked"``, ``"onednn"``; int8 models: ``"int8"``), and the attention kernel (``"attention"``:
+    ``tools.varlen.ROUTES``), as ``minibert inspect`` and the benchmarks report them. Builds the fast
+    path's copies if they are not there yet (and measures what "auto" has not measured here yet)."""
     if fp32_kernel not in FP32_KERNELS:
         raise InputError(f"fp32_kernel={fp32_kernel!r}: use one of {FP32_KERNELS}")
     block = _packed(model, fp32_kernel).blocks[0]
     linears = {"qkv": block.qkv, "attention output": block.out, "ffn in": block.ffn_in, "ffn out": block.ffn_out}
-    return {name: "int8" if isinstance(linear, _Int8Linear) else linear.route for name, linear in linears.items()}
+    chosen = {name: "int8" if isinstance(linear, _Int8Linear) else linear.route for name, linear in linears.items()}
+    return {**chosen, "attention": FastBert(model, attention=attention).attention_route()}
 
 
 def release(model: BertModel) -> None:
@@ -283,9 +391,16 @@ def cached_bytes(model: BertModel) -> int:
 class FastBert:
     """``model``'s forward pass without padding. Call it as the model: ``fast(**batch)`` returns a
     ``BertOutput`` (zeros at padded positions). Where only the readable path can answer -- attention maps,
-    hooks, training mode, torch.compile tracing -- it calls the model itself."""
+    hooks, training mode, torch.compile tracing -- it calls the model itself.
 
-    def __init__(self, model: BertModel, *, fp32_kernel: str = "auto", prepack_fp32: bool = False):
+    ``attention``: the kernel that attends within each sequence (``tools.varlen``): ``"auto"`` (the
+    per-sequence loop on a CPU, the fastest measured on a GPU), or ``"loop"``, ``"varlen"``, ``"nested"``,
+    ``"padded"``. ``tf32=True`` lets fp32 products on a GPU run in TensorFloat-32 (inputs rounded to 10
+    mantissa bits: several times faster on tensor cores, about 1e-3 relative error instead of fp32's 1e-7,
+    so no longer within the fp32 noise floor of the readable path); off by default, as in torch."""
+
+    def __init__(self, model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
+                 prepack_fp32: bool = False):
         if not isinstance(model, BertModel):
             raise TypeError(f"fast.prepare takes a minibert BertModel, got {type(model).__name__}")
         if fp32_kernel not in FP32_KERNELS:
@@ -297,73 +412,133 @@ class FastBert:
 
             warnings.warn("prepack_fp32=True is fp32_kernel='onednn': say that (prepack_fp32 will go)",
                           DeprecationWarning, stacklevel=3)
+        if not isinstance(tf32, bool):
+            raise InputError(f"tf32={tf32!r}: pass True or False")
         self.model = model
         self.fp32_kernel = "onednn" if prepack_fp32 else fp32_kernel
+        self.attention = varlen.check_route(attention)
+        self.tf32 = tf32
 
     def __repr__(self) -> str:
-        return f"FastBert({getattr(self.model, 'source', 'model')}, fp32_kernel={self.fp32_kernel!r})"
+        return (f"FastBert({getattr(self.model, 'source', 'model')}, fp32_kernel={self.fp32_kernel!r}, "
+                f"attention={self.attention!r}, tf32={self.tf32})")
+
+    def attention_route(self) -> str:
+        """The attention kernel this model's forward takes here (``varlen.attention_route`` for "auto")."""
+        model = self.model
+        if self.attention != "auto":
+            if not varlen.runs_here(self.attention, model.device, model.dtype, model.config.head_size):
+                raise InputError(f"attention={self.attention!r} cannot run here: {varlen.why_not(self.attention)} "
+                                 f"(this model: {model.device}, {model.dtype}, head size {model.config.head_size}); "
+                                 "use attention='auto'")
+            return self.attention
+        return varlen.attention_route(model.device, model.dtype, model.config.head_size)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                 output_attentions=False, *, num_blocks=None, skip_blocks=()) -> BertOutput:
+                 output_attentions=False, output_hidden_states=True, *, num_blocks=None,
+                 skip_blocks=()) -> BertOutput:
+        """As ``BertModel.forward``. ``output_hidden_states``: True (all of them, the default), False
+        (``hidden_states`` is None) or the indices to keep (e.g. ``[-1]`` or ``[0, 6]``): ``hidden_states``
+        then has its usual length with None in the places not kept. Only what is kept is scattered back to
+        (B, T, H); the rest is freed block by block."""
         model = self.model
+        num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
+        keep = kept_states(output_hidden_states, model.config, num_blocks)
         if (output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model)
                 or _packed(model, self.fp32_kernel).torch_hooked()):
             # the readable path: model.py's own forward, whatever calling convention a subclass adds
-            # (TransformersBertModel); torch hooks on the model's modules fire there
-            return BertModel.forward(model, input_ids, attention_mask, token_type_ids, position_ids,
-                                     output_attentions, num_blocks=num_blocks, skip_blocks=skip_blocks)
+            # (TransformersBertModel); torch hooks on the model's modules fire there. It keeps every
+            # hidden state, or only the last one when no other is wanted.
+            last = _num_states(model.config, num_blocks) - 1
+            out = BertModel.forward(model, input_ids, attention_mask, token_type_ids, position_ids,
+                                    output_attentions, bool(keep and keep - {last}),
+                                    num_blocks=num_blocks, skip_blocks=skip_blocks)
+            states = out.hidden_states or (None,) * last + (out.last_hidden_state,)
+            out.hidden_states = None if keep is None else tuple(t if i in keep else None for i, t in enumerate(states))
+            return out
         packed = _packed(model, self.fp32_kernel)
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
-        num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
-        blocks = packed.blocks
-        with torch.inference_mode():
-            return _forward(model, blocks, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
-                            skip_blocks)
+        with torch.inference_mode(), _tf32(self.tf32 and model.device.type == "cuda"):
+            return _forward(model, packed.blocks, self.attention_route(), input_ids, attention_mask, token_type_ids,
+                            position_ids, num_blocks, skip_blocks, keep)
 
 
-def prepare(model: BertModel, *, fp32_kernel: str = "auto", prepack_fp32: bool = False) -> FastBert:
+def _num_states(config, num_blocks) -> int:
+    return (config.num_hidden_layers if num_blocks is None else num_blocks) + 1
+
+
+def kept_states(output_hidden_states, config, num_blocks=None) -> frozenset | None:
+    """``output_hidden_states`` (True, False or indices of hidden states) as the set of indices to keep
+    (0..num_blocks; negative ones counted from the end), or None for False."""
+    n = _num_states(config, num_blocks)
+    if output_hidden_states is True:
+        return frozenset(range(n))
+    if output_hidden_states is False or output_hidden_states is None:
+        return None
+    if isinstance(output_hidden_states, (int, str)) or not hasattr(output_hidden_states, "__iter__"):
+        raise InputError(f"output_hidden_states={output_hidden_states!r}: pass True, False or a list of "
+                         f"hidden-state indices (0..{n - 1}, or -{n}..-1)")
+    keep = set()
+    for i in output_hidden_states:
+        check_index("output_hidden_states entry", i, -n, n - 1, f"this forward has hidden states 0..{n - 1}")
+        keep.add(i % n)
+    return frozenset(keep)
+
+
+class _tf32:
+    """Within this block, fp32 matrix products on CUDA may run in TensorFloat-32 (``FastBert(tf32=True)``);
+    torch's setting comes back after."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        if self.on:
+            self.before = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+
+    def __exit__(self, *exc):
+        if self.on:
+            torch.backends.cuda.matmul.allow_tf32 = self.before
+
+
+def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
+            prepack_fp32: bool = False) -> FastBert:
     """The fast path for ``model``: ``fast = prepare(model); out = fast(**batch)``. Cheap to call again:
     the weight copies are made on first use and shared by every FastBert of the same model and options.
     ``fp32_kernel``: ``"auto"`` (each product on the route measured fastest on this CPU, see
     ``tools/kernels.py``), ``"linear"`` (F.linear, no weight copies but the fused QKV), ``"blocked"``
     (oneDNN in F.linear's summation order where this CPU has one, else F.linear) or ``"onednn"``
-    (oneDNN's own order; the deprecated ``prepack_fp32=True`` says the same) -- see the module docstring."""
-    return FastBert(model, fp32_kernel=fp32_kernel, prepack_fp32=prepack_fp32)
+    (oneDNN's own order; the deprecated ``prepack_fp32=True`` says the same) -- see the module docstring.
+    ``attention`` and ``tf32``: see ``FastBert``."""
+    return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, prepack_fp32=prepack_fp32)
 
 
-def _forward(model, blocks, input_ids, attention_mask, token_type_ids, position_ids, num_blocks, skip_blocks):
+def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
+             skip_blocks, keep):
     B, T = input_ids.shape
-    H = model.config.hidden_size
-    if attention_mask is None:  # check_inputs drops a mask that masks nothing
-        where, lengths = None, None
+    packing = varlen.pack(attention_mask, B, T, device=input_ids.device)  # once for every block
+    if packing.dense:
         ids, tts, pos = input_ids.reshape(-1), token_type_ids.reshape(-1), position_ids.reshape(-1)
     else:
-        real = attention_mask.bool()  # (B, T)
-        where = real.reshape(-1).nonzero().squeeze(1)  # flat indices of the real tokens, row by row
-        lengths = real.sum(1).tolist()
-        ids, tts, pos = (t.reshape(-1)[where] for t in (input_ids, token_type_ids, position_ids))
+        ids, tts, pos = (t.reshape(-1)[packing.where] for t in (input_ids, token_type_ids, position_ids))
     x = model.embeddings(ids[None], tts[None], pos[None])[0]  # (N, H): the model's own embeddings
 
-    nonempty = [n for n in lengths if n] if lengths is not None else None
-    packed_states = [x]
+    last = _num_states(model.config, num_blocks) - 1
+    kept = {0: x} if keep and 0 in keep else {}  # the packed (N, H) states asked for, by index
     workspace = _Workspace()
     for i, block in enumerate(blocks[:num_blocks]):
         if i not in skip_blocks and x.shape[0]:  # (an all-padding batch has no token to run)
-            x = block(x, nonempty, B, T, workspace)
-        packed_states.append(x)
-
-    def unpack(t):  # (N, H) -> (B, T, H), zeros at padding
-        if where is None:
-            return t.view(B, T, H)
-        full = t.new_zeros(B * T, H)
-        full[where] = t
-        return full.view(B, T, H)
-
-    hidden_states = tuple(unpack(t) for t in packed_states)
-    last = hidden_states[-1]
-    pooled = model.pooler(last) if model.pooler is not None else None
-    return BertOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=hidden_states)
+            x = block(x, packing, attention, workspace)
+        if keep and i + 1 in keep:
+            kept[i + 1] = x
+    # back to (B, T, H) once, at the end: the states asked for, and the last one
+    full = {i: packing.scatter(t) for i, t in kept.items()}
+    last_state = full[last] if last in full else packing.scatter(x)
+    pooled = model.pooler(last_state) if model.pooler is not None else None
+    hidden_states = None if keep is None else tuple(full.get(i) for i in range(last + 1))
+    return BertOutput(last_hidden_state=last_state, pooler_output=pooled, hidden_states=hidden_states)
 
 
 class Stepper:
@@ -386,17 +561,18 @@ class Stepper:
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
         B, T = input_ids.shape
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        where = real.reshape(-1).nonzero().squeeze(1)
-        self.lengths = real.sum(1).tolist()
-        if min(self.lengths) == 0:
+        if not bool(real.any(1).all()):
             raise InputError("every row needs at least one real token")
-        ids, tts, pos = (t.reshape(-1)[where] for t in (input_ids, token_type_ids, position_ids))
+        packing = varlen.pack(real, B, T)
+        self.lengths = packing.lengths
+        ids, tts, pos = (t.reshape(-1)[packing.where] for t in (input_ids, token_type_ids, position_ids))
         packed = _packed(model, "auto")
         if packed.torch_hooked():
             raise InputError("Stepper runs the inference fast path, where torch module hooks, task modules "
                              "(adapters, prefixes) and LoRA hooks do not act: remove them (or run the model itself)")
         self.blocks = packed.blocks
         self.T = T
+        self.attention = FastBert(model).attention_route()
         self.rows = torch.arange(B)
         self.workspace = _Workspace()
         with torch.inference_mode():
@@ -404,7 +580,8 @@ class Stepper:
 
     def run_block(self, i: int) -> None:
         with torch.inference_mode():
-            self.x = self.blocks[i](self.x, self.lengths, len(self.lengths), self.T, self.workspace)
+            self.x = self.blocks[i](self.x, varlen.Packing.of_rows(self.lengths, self.T, self.x.device), self.attention,
+                                    self.workspace)
 
     def first_tokens(self) -> torch.Tensor:
         starts = torch.tensor([0] + self.lengths[:-1]).cumsum(0)

@@ -23,16 +23,14 @@ linear|blocked|onednn`` (or ``fast.prepare(model, fp32_kernel=...)``) overrides 
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import InputError
-from ..hardware import cpu_info
+from .. import measured
+from ..measured import machine_key, saved_entry, write_json_entry
 from . import timing
 
 MKLDNN = (hasattr(torch.ops, "mkldnn") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -45,8 +43,11 @@ if MKLDNN:  # the overloads themselves: one attribute walk less per call (hundre
 ROUTES = ("linear", "blocked", "onednn")
 EXACT_ROUTES = ("linear", "blocked")  # F.linear's numbers
 MARGIN = 0.95  # oneDNN's own order is taken only when it is more than 5 % faster than the best exact route
+#: the same for a whole block (``tools.fast.block_plan``): more than 3 %, so "auto" is never more than 3 %
+#: slower than the fastest fixed route it measured
+BLOCK_MARGIN = 0.97
 OVERRIDE_ENV = "MINIBERT_FP32_KERNEL"
-CACHE_ENV = "MINIBERT_CACHE"
+CACHE_ENV = measured.CACHE_ENV
 _BLOCK_SIZES = (512, 384, 256, 192, 128, 96, 64)  # the inner blocks tried after the whole width
 _TILE = 256  # rows: more than twice this many are summed in tiles of at least this many
 
@@ -170,46 +171,9 @@ def decide(relative: dict[str, float]) -> str:
     return exact
 
 
-def machine_key() -> str:
-    """What a measured choice holds for: the CPU model and its flags (a short hash: two generations may
-    share a model name), torch's thread count and torch's version."""
-    import hashlib
-
-    name, flags = cpu_info()
-    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:8]
-    return f"{name or 'unknown CPU'} (flags {digest}) | {torch.get_num_threads()} threads | torch {torch.__version__}"
-
-
 def cache_file() -> Path:
-    """Where measured choices are kept: ``$MINIBERT_CACHE/fp32_kernels.json`` (default
-    ``$XDG_CACHE_HOME/minibert`` or ``~/.cache/minibert``)."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "minibert")
-    return Path(root) / "fp32_kernels.json"
-
-
-def _read_cache() -> dict:
-    try:
-        saved = json.loads(cache_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none yet, unreadable or damaged: measure again
-        return {}
-    return saved if isinstance(saved, dict) else {}
-
-
-def _write_cache(machine: str, shape: str, entry: dict) -> None:
-    """Add one choice to the cache file: written to a temporary name and renamed into place, so a reader
-    (another process) never sees half a file; a folder that cannot be written is skipped."""
-    path = cache_file()
-    saved = _read_cache()
-    mine = saved.get(machine) if isinstance(saved.get(machine), dict) else {}
-    saved[machine] = {**mine, shape: entry}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    """Where measured choices are kept: ``fp32_kernels.json`` under ``$MINIBERT_CACHE`` (``minibert.measured``)."""
+    return measured.cache_dir() / "fp32_kernels.json"
 
 
 _CHOICES: dict[tuple, str] = {}
@@ -217,12 +181,7 @@ _CHOICES: dict[tuple, str] = {}
 
 def forced_route() -> str | None:
     """``$MINIBERT_FP32_KERNEL`` when set (checked), else None."""
-    forced = os.environ.get(OVERRIDE_ENV, "").strip()
-    if not forced:
-        return None
-    if forced not in ROUTES:
-        raise InputError(f"{OVERRIDE_ENV}={forced!r}: use one of {ROUTES} (or unset it to measure)")
-    return forced
+    return measured.forced_choice(OVERRIDE_ENV, ROUTES)
 
 
 def route_for(out_features: int, in_features: int) -> str:
@@ -235,13 +194,12 @@ def route_for(out_features: int, in_features: int) -> str:
     machine, shape = machine_key(), f"{out_features}x{in_features}"
     key = (machine, shape)
     if key not in _CHOICES:
-        entry = _read_cache().get(machine, {})
-        entry = entry.get(shape) if isinstance(entry, dict) else None
-        route = entry.get("route") if isinstance(entry, dict) else None
+        entry = saved_entry(cache_file(), machine, shape)
+        route = entry.get("route") if entry else None
         if route not in ROUTES or not runs_here(route, out_features, in_features):  # none saved, or not here
             relative = calibrate(out_features, in_features)
             route = decide(relative)
-            _write_cache(machine, shape, {"route": route, "relative_time": {r: round(t, 3) for r, t in relative.items()}})
+            write_json_entry(cache_file(), machine, shape, {"route": route, "relative_time": {r: round(t, 3) for r, t in relative.items()}})
         _CHOICES[key] = route
     return _CHOICES[key]
 
