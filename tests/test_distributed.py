@@ -118,3 +118,36 @@ def test_row_ids_are_unique_across_folders(tmp_path):
     assert len(ids) == len(set(ids)) == 6 and ids[:2] == ["a/part.txt:1", "a/part.txt:2"]
     assert shard_names([files[1]]) == {files[1]: "part.txt"}
     assert shard_names(["local://" + f for f in files]) == names  # keyed by the absolute local path
+
+
+def test_gpu_workers_ask_ray_for_gpus_and_load_on_cuda():
+    """What reaches map_batches (tested without a GPU): num_gpus per actor, the model on "cuda" (the GPU Ray
+    gives the actor) in the dtype asked; CPU actors ask for no GPU and load where the model is."""
+    from minibert.compat.ray import map_batches_options
+
+    common = dict(model="m", workers=2, threads=None, rows_per_block=64, batch_size=None, max_tokens=8192)
+    gpu = map_batches_options(**common, gpus_per_worker=0.5, dtype="fp16")
+    assert gpu["num_gpus"] == 0.5 and gpu["num_cpus"] == 1
+    assert gpu["fn_constructor_kwargs"] == dict(model="m", threads=None, batch_size=None, max_tokens=8192,
+                                                     fail_on=[], device="cuda", dtype="fp16")
+    cpu = map_batches_options(**{**common, "threads": 2})
+    assert "num_gpus" not in cpu and cpu["num_cpus"] == 2 and cpu["fn_constructor_kwargs"]["device"] is None
+    for bad in (0, -1, "1", True):
+        with pytest.raises(InputError, match="gpus_per_worker must be a number > 0"):
+            embed_dataset(["x.txt"], "out", model="m", gpus_per_worker=bad)
+    with pytest.raises(InputError, match="int8 dynamic quantisation runs on the CPU only"):
+        embed_dataset(["x.txt"], "out", model="m", gpus_per_worker=1, dtype="int8")
+
+
+def test_a_cluster_without_gpus_is_refused_before_any_work(local_ray, shards, minilm_dir, tmp_path, capsys):
+    directory, _ = shards
+    r = cli_in_process(capsys, "embed", directory / "b.txt", "--engine", "ray", "--gpus-per-worker", "1",
+                       "--out", tmp_path / "v", "--model", minilm_dir)
+    assert r.returncode == 2 and "--gpus-per-worker 1: the Ray cluster has 0 GPU(s)" in r.stderr
+    assert not (tmp_path / "v").exists() or not any((tmp_path / "v").iterdir())
+    r = cli_in_process(capsys, "embed", directory / "b.txt", "--gpus-per-worker", "1", "--out", tmp_path / "x.npy",
+                       "--model", minilm_dir)
+    assert r.returncode == 2 and "--gpus-per-worker is for --engine ray" in r.stderr
+    r = cli_in_process(capsys, "embed", directory / "b.txt", "--engine", "ray", "--device", "cuda",
+                       "--out", tmp_path / "v", "--model", minilm_dir)
+    assert r.returncode == 2 and "--device is for the local engine" in r.stderr

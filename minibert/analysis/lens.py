@@ -85,7 +85,7 @@ def fill_mask(model, tokenizer, texts, top_k: int = 5, max_length: int | None = 
     if missing:
         raise _no_mask_error(tokenizer, missing[0], max_length)
     with torch.inference_mode():
-        hidden = fast.prepare(model)(**batch).last_hidden_state
+        hidden = fast.prepare(model)(**batch, output_hidden_states=False).last_hidden_state
         results: list[list] = [[] for _ in texts]
         for b, t in positions:
             probs = model.mlm_logits(hidden[b, t]).float().softmax(-1)

@@ -10,15 +10,16 @@ from pathlib import Path
 
 from ..errors import InputError, require_extra
 from ..names import QUANTISED_DTYPES, SHORT_DTYPES
-from .common import (MODEL_HELP, batch_size_option, PLOT_FORMATS, load, max_length_option, model_option, non_negative_float, output_file,
-                     plot_file, plot_option, positive_int, quiet_option, read_lines, report_truncation, seed_option,
-                     tokenize)
+from .common import (MODEL_HELP, PLOT_FORMATS, batch_size_option, check_device, device_options, load,
+                     max_length_option, model_option, non_negative_float, output_file, plot_file, plot_option,
+                     positive_int, quiet_option, read_lines, report_truncation, seed_option, tokenize)
 
 
 # ------------------------------------------------------------------------------------------- layers
 def add_layers(sub) -> None:
     p = sub.add_parser("layers", help="per-layer table (norms, similarity) and a CKA heatmap for one text",
-                       parents=[model_option(), plot_option("the layer-similarity heatmap"), max_length_option()])
+                       parents=[model_option(), plot_option("the layer-similarity heatmap"), max_length_option(),
+                                device_options()])
     p.add_argument("text")
     p.add_argument("--exclude-special", action="store_true", help="leave [CLS] and [SEP] out of the statistics")
     p.set_defaults(func=cmd_layers)
@@ -30,9 +31,9 @@ def cmd_layers(args) -> int:
     from ..analysis import layers as L
 
     plot = plot_file(args.plot)
-    model, tokenizer = load(args.model, max_length=args.max_length)
+    model, tokenizer = load(args.model, dtype=args.dtype, max_length=args.max_length, device=args.device)
     truncated = []
-    batch = tokenize(tokenizer, [args.text], args.max_length, truncated)
+    batch = {k: v.to(model.device) for k, v in tokenize(tokenizer, [args.text], args.max_length, truncated).items()}
     report_truncation(truncated, 1, args.max_length or tokenizer.model_max_length)
     with torch.inference_mode():
         out = model(**batch)
@@ -63,7 +64,7 @@ def cmd_layers(args) -> int:
 def add_probe(sub) -> None:
     p = sub.add_parser("probe", help="train a linear probe per layer on word labels from a CoNLL-U file",
                        parents=[model_option(), plot_option("the accuracy-per-layer curve"), seed_option(),
-                                quiet_option(), batch_size_option(16)])
+                                quiet_option(), batch_size_option(16), device_options()])
     p.add_argument("data", help="a .conllu file")
     p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
     p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
@@ -75,8 +76,9 @@ def cmd_probe(args) -> int:
     from ..textfiles import read_conllu
 
     plot = plot_file(args.plot)
+    check_device(args)
     data = read_conllu(args.data, column=args.column)
-    model, tokenizer = load(args.model)
+    model, tokenizer = load(args.model, dtype=args.dtype, device=args.device)
     result = probe_model(model, tokenizer, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed,
                          progress=not args.quiet)
     print(f"probing {args.column} in {args.data} ({len(data)} sentences) with {args.model}, pool={args.pool}, "
@@ -129,7 +131,7 @@ def cmd_probe_over_time(args) -> int:
 # ---------------------------------------------------------------------------------------------- map
 def add_map(sub) -> None:
     p = sub.add_parser("map", help="2-D maps of word, sentence or word-occurrence vectors, one panel per layer",
-                       parents=[model_option(), seed_option(), quiet_option()])
+                       parents=[model_option(), seed_option(), quiet_option(), device_options()])
     p.add_argument("data", help=".conllu (words by --column), .csv/.tsv/.jsonl (sentences by --label-column, or "
                    "occurrences of --word), .txt with --word")
     p.add_argument("--out", required=True, help="the figure (" + PLOT_FORMATS + ")")
@@ -159,6 +161,7 @@ def cmd_map(args) -> int:
         require_extra("umap", "UMAP maps", "umap-learn")
     if args.max_points is not None and args.max_points < 3:
         raise InputError(f"--max-points must be >= 3, got {args.max_points}")
+    check_device(args)
     suffix = Path(args.data).suffix.lower()
     words = [w for w in (args.word or "").split(",") if w.strip()]
     if suffix == ".conllu":
@@ -179,7 +182,7 @@ def cmd_map(args) -> int:
         texts = [t for t in read_lines(args.data) if t.strip()]
     else:
         raise InputError(f"{args.data}: use a .conllu, .csv, .tsv, .jsonl or .txt file (got {suffix or 'no suffix'!r})")
-    model, tokenizer = load(args.model)
+    model, tokenizer = load(args.model, dtype=args.dtype, device=args.device)
     parse_layers(args.layers, model.config.num_hidden_layers + 1)  # a bad --layers fails before any work
     progress = not args.quiet
     if suffix == ".conllu":
@@ -213,7 +216,7 @@ def cmd_map(args) -> int:
 def add_fill(sub) -> None:
     p = sub.add_parser("fill", help="predict [MASK] tokens with the masked-LM head (and the logit lens)",
                        parents=[model_option(), plot_option("the logit-lens plot (implies --lens)"),
-                                max_length_option()])
+                                max_length_option(), device_options()])
     p.add_argument("texts", nargs="+", help="texts with [MASK] in them")
     p.add_argument("--top-k", type=positive_int, default=5)
     p.add_argument("--lens", action="store_true", help="also print the per-layer logit lens for the first mask")
@@ -224,7 +227,7 @@ def cmd_fill(args) -> int:
     from ..analysis.lens import fill_mask, logit_lens
 
     plot = plot_file(args.plot)
-    model, tokenizer = load(args.model, max_length=args.max_length)
+    model, tokenizer = load(args.model, dtype=args.dtype, max_length=args.max_length, device=args.device)
     if args.top_k > model.config.vocab_size:
         raise InputError(f"--top-k {args.top_k} is larger than the vocabulary ({model.config.vocab_size} tokens)")
     if model.mlm_head is None:
@@ -315,21 +318,39 @@ def cmd_inspect(args) -> int:
 
 
 def fast_path_routes(config) -> str:
-    """The fp32 route each product of a block takes on the fast path on this CPU (``tools.kernels``),
-    measured on first use and cached, as lines for ``minibert inspect``."""
+    """What the fast path runs for this geometry here, as lines for ``minibert inspect``: each fp32 product's
+    route on this CPU (decided on the whole block: ``tools.fast.block_plan``, measured on first use and
+    cached) beside its choice alone, the block's relative times, and the attention kernel (``tools.varlen``)
+    on this CPU and on each GPU this machine has."""
     import torch
 
     from ..hardware import cpu_info
-    from ..tools import kernels
+    from ..tools import fast, kernels, varlen
 
     H, F = config.hidden_size, config.intermediate_size
     shapes = {"qkv": (3 * H, H), "attention output": (H, H), "ffn in": (F, H), "ffn out": (H, F)}
-    chosen = kernels.routes_for_shapes(H, F)
-    how = (f"${kernels.OVERRIDE_ENV}" if kernels.forced_route() else
-           f"measured here, kept in {kernels.cache_file()}")
+    plan = fast.block_plan(config) if kernels.MKLDNN else dict.fromkeys(shapes, "linear")
+    record = fast.plan_record(config) or {}
+    forced = kernels.forced_route()
+    how = (f"${kernels.OVERRIDE_ENV}" if forced else f"decided on the whole block, measured here, kept in "
+           f"{kernels.cache_file()}")
     lines = [f"fast path fp32 routes on this CPU ({cpu_info()[0] or 'unknown'}, {torch.get_num_threads()} threads; "
              f"{how}):"]
-    lines += [f"  {name:<17} {o} x {i}: {chosen[name]}" for name, (o, i) in shapes.items()]
+    alone = record.get("per_product") or {}
+    lines += [f"  {name:<17} {o} x {i}: {plan[name]}" + (f"  (alone: {alone[name]})" if name in alone else "")
+              for name, (o, i) in shapes.items()]
+    if record.get("relative_time") and not forced:
+        times = ", ".join(f"{name} {t:.3f}" for name, t in sorted(record["relative_time"].items(), key=lambda x: x[1]))
+        lines.append(f"  whole block, time relative to F.linear for every product: {times} -> {record.get('chosen')}")
+    d = config.head_size
+    lines.append(f"attention: {varlen.attention_route('cpu', torch.float32, d)} on this CPU"
+                 + (f" (${varlen.OVERRIDE_ENV})" if varlen.forced_route() else " (one call per sequence)"))
+    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        device = torch.device("cuda", index)
+        chosen = {short: varlen.attention_route(device, dtype, d) for short, dtype in
+                  (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}
+        lines.append(f"attention on {device} ({torch.cuda.get_device_name(device)}; measured, kept in "
+                     f"{varlen.cache_file()}): " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
     return "\n".join(lines)
 
 

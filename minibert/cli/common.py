@@ -122,6 +122,33 @@ def batch_size_option(default: int | None = None, help: str | None = None) -> ar
     return p
 
 
+DEVICE_HELP = "where the model runs: cpu (default), cuda or cuda:N"
+DTYPE_HELP = ("the weights' dtype: fp32 (default), bf16, fp16 (a GPU's, or a CPU with AVX-512-BF16 / AMX), int8 "
+              "(quantised on load; CPU only)")
+
+
+def device_options(int8: bool = True) -> argparse.ArgumentParser:
+    """``--device`` and ``--dtype`` of the inference commands, checked before any work
+    (``hardware.inference_device``)."""
+    from ..names import QUANTISED_DTYPES, SHORT_DTYPES
+
+    p = _parent()
+    p.add_argument("--device", help=DEVICE_HELP)
+    p.add_argument("--dtype", choices=[*SHORT_DTYPES, *(QUANTISED_DTYPES if int8 else ())], default=None,
+                   help=DTYPE_HELP if int8 else DTYPE_HELP.split(", int8")[0])
+    return p
+
+
+def check_device(args):
+    """--device and --dtype checked together (no CUDA here, an index past the GPUs, int8 on a GPU), before any
+    model is loaded; the torch device (None: the CPU)."""
+    from ..hardware import inference_device
+
+    if getattr(args, "device", None) is None:
+        return None
+    return inference_device(args.device, dtype=getattr(args, "dtype", None))
+
+
 def quiet_option(what: str = "no progress bar") -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--quiet", action="store_true", help=what)
@@ -172,12 +199,16 @@ def plot_option(what: str) -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------- shared helpers
-def load(model_source: str, dtype=None, max_length=None):
-    """The model and its tokenizer; ``max_length`` (from --max-length) is checked against the model."""
+def load(model_source: str, dtype=None, max_length=None, device=None):
+    """The model (in ``dtype``, on ``device``: --dtype and --device, checked first) and its tokenizer;
+    ``max_length`` (from --max-length) is checked against the model."""
+    from ..hardware import inference_device
     from ..models import BertModel
     from ..tokenizer import BertTokenizer
 
-    model, tokenizer = BertModel.from_pretrained(model_source, dtype=dtype), BertTokenizer.from_pretrained(model_source)
+    device = inference_device(device, dtype=dtype) if device is not None else None
+    model = BertModel.from_pretrained(model_source, dtype=dtype, device=device)
+    tokenizer = BertTokenizer.from_pretrained(model_source)
     tokenizer.check_fits(model.config, model_source)
     if max_length is not None:
         check_max_length("--max-length", max_length, model_limit(model.config, tokenizer))

@@ -12,14 +12,16 @@ from ..errors import InputError
 from ..outputs import check_not_reading
 from ..textfiles import atomic_file, write_text_atomic
 from ..checks import check_max_length, model_limit
-from .common import (MODEL_HELP, batch_size_option, blank_line_error, load, max_length_option, model_option,
-                     output_file, positive_int, quiet_option, read_lines, report_truncation, tokenize)
+from .common import (MODEL_HELP, batch_size_option, blank_line_error, check_device, device_options, load,
+                     max_length_option, model_option, output_file, positive_float, positive_int, quiet_option,
+                     read_lines, report_truncation, tokenize)
 
 
 # ------------------------------------------------------------------------------------------- encode
 def add_encode(sub) -> None:
     p = sub.add_parser("encode", help="tokenise texts and print their vectors",
-                       parents=[model_option(MODEL_HELP + "; offline: weights/all-MiniLM-L6-v2"), max_length_option()])
+                       parents=[model_option(MODEL_HELP + "; offline: weights/all-MiniLM-L6-v2"), max_length_option(),
+                                device_options()])
     p.add_argument("texts", nargs="+", help="one or more texts")
     p.add_argument("--layer", type=int, default=-1, help="which hidden state: 0 = embeddings, -1 = last")
     p.add_argument("--pool", choices=["cls", "mean"], default="mean", help="how to pool tokens (default mean)")
@@ -32,7 +34,7 @@ def cmd_encode(args) -> int:
 
     from ..tools.encode import encode_ids
 
-    model, tokenizer = load(args.model, max_length=args.max_length)
+    model, tokenizer = load(args.model, dtype=args.dtype, max_length=args.max_length, device=args.device)
     layers = model.config.num_hidden_layers + 1
     if not -layers <= args.layer < layers:
         raise InputError(f"--layer {args.layer} is out of range: the model has hidden states 0..{layers - 1}")
@@ -72,7 +74,9 @@ def add_embed(sub) -> None:
                                      "ray, shards into Parquet)", parents=[model_option(), max_length_option(),
                                                                            quiet_option(), batch_size_option(
                                                                                help="texts per batch (default 32 "
-                                                                               "without --max-tokens)")])
+                                                                               "without --max-tokens on a CPU; a "
+                                                                               "budget of 16384 tokens on a GPU)"),
+                                                                           device_options()])
     p.add_argument("texts", nargs="+", help="a UTF-8 text file, one text per line, lines end at \\n only "
                                             "(row i of the output = line i); with --engine ray: shards (.txt, .jsonl, "
                                             ".parquet), directories or globs")
@@ -81,6 +85,9 @@ def add_embed(sub) -> None:
                         "files in --out (a directory); see minibert.compat.ray")
     p.add_argument("--workers", type=positive_int, help="--engine ray: actors (model copies), default 2")
     p.add_argument("--threads", type=positive_int, help="--engine ray: torch threads per actor (default 1)")
+    p.add_argument("--gpus-per-worker", type=positive_float,
+                   help="--engine ray: GPUs per actor (e.g. 1, or 0.5 for two actors a GPU); each actor runs on the GPU "
+                        "Ray gives it (default: none, CPU actors)")
     p.add_argument("--address", help="--engine ray: a running cluster (auto, ray://host:10001); default: local Ray")
     p.add_argument("--layers", help="pool these hidden states instead of following a sentence-transformers "
                                     "folder: -1, -4:, 0,6,-1 or all (default -1)")
@@ -111,9 +118,10 @@ def cmd_embed(args) -> int:
 
     if args.engine == "ray":
         return _embed_on_ray(args)
-    for name in ("workers", "threads", "address"):
+    for name in ("workers", "threads", "address", "gpus_per_worker"):
         if getattr(args, name) is not None:
-            raise InputError(f"--{name} is for --engine ray")
+            raise InputError(f"--{name.replace('_', '-')} is for --engine ray")
+    check_device(args)  # before any file is read or written
     if args.overwrite:
         raise InputError("--overwrite is for --engine ray (its --out is a folder); the local engine replaces its .npy "
                          "file, in one step")
@@ -132,7 +140,7 @@ def cmd_embed(args) -> int:
            if value is not None]
     follow = not raw and not args.ignore_folder_settings and sentence.is_sentence_folder(args.model)
     if follow:  # a sentence-transformers folder: its truncation, pooling and normalisation
-        encoder = sentence.SentenceEncoder.from_pretrained(args.model)
+        encoder = sentence.SentenceEncoder.from_pretrained(args.model, dtype=args.dtype, device=check_device(args))
         if args.max_length is not None:
             encoder.max_seq_length = check_max_length("--max-length", args.max_length,
                                                       model_limit(encoder.model.config, encoder.tokenizer))
@@ -146,7 +154,7 @@ def cmd_embed(args) -> int:
               "--ignore-folder-settings pool hidden states instead", file=sys.stderr)
         encoding = encoder.tokenize(texts)
     else:
-        model, tokenizer = load(args.model, max_length=args.max_length)
+        model, tokenizer = load(args.model, dtype=args.dtype, max_length=args.max_length, device=args.device)
         layers, pool_method, combine = args.layers or "-1", args.pool or "mean", args.combine or "concat"
         chosen = parse_layers(layers, model.config.num_hidden_layers + 1)
         limit = args.max_length or tokenizer.model_max_length
@@ -161,7 +169,7 @@ def cmd_embed(args) -> int:
     todo = [i for i in range(len(texts)) if i not in skip]
     ids = [encoding["input_ids"][i] for i in todo]
     truncated = [(i + 1, n) for i, n in enumerate(encoding.num_truncated_tokens) if n and i not in skip]
-    batch_size = args.batch_size or (None if args.max_tokens else 32)
+    batch_size = args.batch_size  # neither: 32 texts a batch on a CPU, a token budget on a GPU (tools.encode)
     if follow:
         vectors = encoder.encode_ids(ids, batch_size=batch_size, max_tokens=args.max_tokens, progress=not args.quiet)
     else:
@@ -187,12 +195,16 @@ def _embed_on_ray(args) -> int:
                              "(SentenceEncoder: its pooling and max_seq_length)")
     if args.ignore_folder_settings or args.blank != "error":
         raise InputError("--ignore-folder-settings / --blank are for the local engine (Ray reports blank texts by id)")
+    if args.device is not None:
+        raise InputError("--device is for the local engine; Ray actors run where Ray puts them: --gpus-per-worker G "
+                         "gives each actor G GPUs")
     workers = args.workers or 2
     report = embed_dataset(args.texts, args.out, model=args.model, workers=workers, threads=args.threads,
                            batch_size=args.batch_size, max_tokens=args.max_tokens or 8192, address=args.address,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, gpus_per_worker=args.gpus_per_worker, dtype=args.dtype)
     print(f"wrote {report.out_dir}: {report.rows_out} vectors of {report.rows_in} texts in {report.seconds:.1f} s "
-          f"({report.texts_per_second:.1f} texts/s, {workers} worker(s))")
+          f"({report.texts_per_second:.1f} texts/s, {workers} worker(s)"
+          f"{f', {args.gpus_per_worker:g} GPU(s) each' if args.gpus_per_worker else ''})")
     if report.blank:
         print(f"minibert: note: {len(report.blank)} blank text(s) have no vector: {', '.join(report.blank[:5])}"
               + (" ..." if len(report.blank) > 5 else ""), file=sys.stderr)
@@ -208,7 +220,7 @@ def _embed_on_ray(args) -> int:
 def add_search(sub) -> None:
     p = sub.add_parser("search", help="the lines of a corpus most similar to a query (cosine of sentence vectors)",
                        parents=[model_option(MODEL_HELP + " (a sentence-transformers folder's settings are followed)"),
-                                max_length_option(), batch_size_option(), quiet_option()])
+                                max_length_option(), batch_size_option(), quiet_option(), device_options()])
     p.add_argument("corpus", help="a UTF-8 text file, one text per line (blank lines are never hits)")
     p.add_argument("queries", nargs="+", help="one or more query texts")
     p.add_argument("-k", type=positive_int, default=5, help="hits per query (default 5)")
@@ -260,6 +272,7 @@ def cmd_search(args) -> int:
 
     from ..compat.sentence import SentenceEncoder, cosine_search
 
+    device = check_device(args)
     lines = read_lines(args.corpus)
     keep = [i for i, t in enumerate(lines) if t.strip()]
     if not keep:
@@ -269,7 +282,7 @@ def cmd_search(args) -> int:
         index = output_file(args.index, ".npy", "--index")  # checked before any work
         check_not_reading(index, {"--model": args.model}, "--index")
         meta_file = index.with_name(index.name[:-len(".npy")] + ".json")
-    encoder = SentenceEncoder.from_pretrained(args.model)
+    encoder = SentenceEncoder.from_pretrained(args.model, dtype=args.dtype, device=device)
     if args.max_length is not None:
         encoder.max_seq_length = check_max_length("--max-length", args.max_length,
                                                   model_limit(encoder.model.config, encoder.tokenizer))

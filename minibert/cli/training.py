@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..errors import InputError, MissingExtra, not_found
 from ..checks import check_max_length, model_limit
-from .common import (OVERWRITE_HELP, batch_size_option, columns_option, fraction, max_length_option,
+from .common import (OVERWRITE_HELP, batch_size_option, check_device, columns_option, device_options, fraction,
+                     max_length_option,
                      max_length_type, model_option, non_negative_float, positive_float, positive_int, quiet_option,
                      read_lines, report_truncation, seed_option, training_options)
 
@@ -80,7 +81,7 @@ def cmd_finetune(args) -> int:
 # ------------------------------------------------------------------------------------------ predict
 def add_predict(sub) -> None:
     p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model",
-                       parents=[max_length_option(), batch_size_option()])
+                       parents=[max_length_option(), batch_size_option(), device_options()])
     p.add_argument("checkpoint", nargs="+",
                    help="a directory written by `minibert finetune`; or one or more task modules (--recipe adapter, "
                         "prefix, lora), run on one shared base")
@@ -104,6 +105,7 @@ def cmd_predict(args) -> int:
     for folder in args.checkpoint:
         if not Path(folder).is_dir():
             raise not_found(folder, "checkpoint folder")
+    args.device = check_device(args)  # --device / --dtype: before any model is loaded
     lines = read_lines(args.texts)  # checked before any model is loaded
     if not any(line.strip() for line in lines):
         raise InputError(f"{args.texts} has no non-empty lines")
@@ -125,9 +127,10 @@ def cmd_predict(args) -> int:
         raise InputError(f"{args.checkpoint} is not a fine-tuned classifier or tagger (architectures: "
                          f"{architectures}); `minibert predict` takes what `minibert finetune` writes")
     if scalarmix:
-        model, kind = ScalarMixClassifier.from_pretrained(args.checkpoint), "BertForSequenceClassification"
+        model = ScalarMixClassifier.from_pretrained(args.checkpoint, dtype=args.dtype, device=args.device)
+        kind = "BertForSequenceClassification"
     else:
-        model = TASK_CLASSES[kind].from_pretrained(args.checkpoint)
+        model = TASK_CLASSES[kind].from_pretrained(args.checkpoint, dtype=args.dtype, device=args.device)
     tokenizer = BertTokenizer.from_pretrained(args.checkpoint)
     tokenizer.check_fits(model.config, args.checkpoint)
     for line in _predicted_lines(args, lines, model, kind, tokenizer):
@@ -186,7 +189,7 @@ def _predict_with_task_modules(args, folders, lines) -> int:
     source = args.model or records[0].get("base_source")
     if not source:
         raise InputError(f"{folders[0]}: records no base; give it with --model")
-    base = load_model(BertModel, source, mlm_head=False)
+    base = load_model(BertModel, source, mlm_head=False, dtype=args.dtype, device=args.device)
     base.eval()
     tokenizer = BertTokenizer.from_pretrained(folders[0] if (folders[0] / "vocab.txt").exists() else source)
     heads = [task_head(base, f, name=name, check_base=not args.skip_base_check) for f, name in zip(folders, names)]

@@ -173,13 +173,16 @@ class LayerNamedEncoder(_Aliases, Encoder):
 
     aliases = {"layer": "blocks"}
 
-    def forward(self, x, mask=None, return_probs=False, num_blocks=None, skip_blocks=()):
-        hidden_states = [x]
+    def forward(self, x, mask=None, return_probs=False, num_blocks=None, skip_blocks=(), keep_all=True):
+        hidden_states, ran = [x], 0
         for i, block in enumerate(self.blocks[:num_blocks]):
             if i not in skip_blocks:
                 x = block(x, mask)  # (B, T, H); block.__call__, so torch hooks on a layer fire
+            if not keep_all:
+                hidden_states.clear()  # only the latest output is kept
             hidden_states.append(x)
-        return hidden_states, [None] * (len(hidden_states) - 1)  # maps: recorded by the model's forward
+            ran += 1
+        return hidden_states, [None] * ran  # maps: recorded by the model's forward
 
 
 @contextmanager
@@ -289,7 +292,8 @@ class TransformersBertModel(BertModel):
             for i in range(len(self.encoder.blocks)):
                 fns.setdefault(f"blocks.{i}.attn.probs", []).append(lambda x, name: maps.__setitem__(name, x))
         with hooks(self, fns):
-            out = super().forward(input_ids, attention_mask, token_type_ids, position_ids)  # the readable path
+            out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,  # the readable path
+                                  output_hidden_states=output_hidden_states)
         result = ModelOutput(last_hidden_state=out.last_hidden_state, pooler_output=out.pooler_output,
                              hidden_states=out.hidden_states if output_hidden_states else None,
                              attentions=tuple(maps[f"blocks.{i}.attn.probs"] for i in range(len(maps)))

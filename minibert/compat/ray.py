@@ -28,6 +28,12 @@ others), put the shards and the model folder where every node can read them (sha
 paths that pyarrow reads), and pass ``address="auto"`` (``--address auto``) from a node of the cluster, or
 ``address="ray://HEAD:10001"`` from outside. ``workers`` actors are spread over the cluster's CPUs;
 ``threads`` is the torch threads of each.
+
+On GPUs: ``gpus_per_worker=G`` (``--gpus-per-worker G``) asks Ray for G GPUs per actor (``num_gpus`` of
+``map_batches``; 0.5 puts two actors on a GPU). Ray gives each actor its own GPU(s) -- it sets the actor's
+``CUDA_VISIBLE_DEVICES`` --, and the actor loads its model on ``cuda`` there (``dtype``: e.g. fp16), where
+the fast path takes the GPU's attention route and ``encode`` its GPU layout (``tools.encode``). A cluster
+with fewer GPUs than one actor asks for is refused before any work.
 """
 
 from __future__ import annotations
@@ -137,14 +143,15 @@ class _Embedder:
     """The actor's callable: one model load per actor, then a block of rows at a time."""
 
     def __init__(self, model: str, threads: int | None, batch_size: int | None, max_tokens: int | None,
-                 fail_on: Sequence[str] = ()):
+                 fail_on: Sequence[str] = (), device: str | None = None, dtype: str | None = None):
         import torch
 
         from .sentence import SentenceEncoder
 
         if threads:
             torch.set_num_threads(threads)
-        self.encoder = SentenceEncoder.from_pretrained(model)
+        # on a GPU actor Ray has set CUDA_VISIBLE_DEVICES to this actor's GPU(s): "cuda" is its own
+        self.encoder = SentenceEncoder.from_pretrained(model, device=device, dtype=dtype)
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.fail_on = set(fail_on)  # tests: ids whose rows raise, to exercise the failure path
 
@@ -195,12 +202,14 @@ class EmbedReport:
 def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int | None = None,
                   rows_per_block: int = 1024, batch_size: int | None = None, max_tokens: int | None = 8192,
                   text_field: str = "text", id_field: str = "id", address: str | None = None,
-                  overwrite: bool = False, _fail_on: Sequence[str] = ()) -> EmbedReport:
+                  overwrite: bool = False, gpus_per_worker: float | None = None, dtype: str | None = None,
+                  _fail_on: Sequence[str] = ()) -> EmbedReport:
     """Embed every text of ``inputs`` (shards: .txt, .jsonl, .parquet; paths, directories or globs) with
     ``workers`` actors and write Parquet (id, vector) into ``out_dir``: a local folder follows the
     output-folder rule (``outputs.RunFolder``: empty or new, not the model's folder, one writer; ``overwrite``
     replaces what it holds), so the Parquet files of two runs never mix. ``address``: a running Ray
-    cluster ("auto", "ray://host:10001"); None starts or joins a local Ray."""
+    cluster ("auto", "ray://host:10001"); None starts or joins a local Ray. ``gpus_per_worker``: GPUs each
+    actor asks Ray for (None: CPU actors); ``dtype``: the actors' model dtype (fp32, bf16, fp16, int8 on CPUs)."""
     import contextlib
 
     from ..outputs import RunFolder
@@ -208,6 +217,12 @@ def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int
     for name, value, low in (("workers", workers, 1), ("rows_per_block", rows_per_block, 1)):
         if not isinstance(value, int) or value < low:
             raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+    if gpus_per_worker is not None and (isinstance(gpus_per_worker, bool) or not isinstance(gpus_per_worker, (int, float))
+                                        or not gpus_per_worker > 0):
+        raise InputError(f"gpus_per_worker must be a number > 0 (e.g. 1, or 0.5 for two actors a GPU), got {gpus_per_worker!r}")
+    if gpus_per_worker is not None and str(dtype) == "int8":
+        raise InputError("gpus_per_worker with dtype='int8': int8 dynamic quantisation runs on the CPU only; on GPUs "
+                         "use fp16 or bf16")
     files = expand_inputs(inputs)
     folder = None
     if "://" not in str(out_dir):  # before any work: the rule of every output folder
@@ -216,11 +231,37 @@ def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int
     with folder.claim({"inputs": [str(f) for f in files], "model": str(model)}) if folder else contextlib.nullcontext():
         return _embed(files, out_dir, model=model, workers=workers, threads=threads, rows_per_block=rows_per_block,
                       batch_size=batch_size, max_tokens=max_tokens, text_field=text_field, id_field=id_field,
-                      address=address, fail_on=_fail_on)
+                      address=address, fail_on=_fail_on, gpus_per_worker=gpus_per_worker, dtype=dtype)
+
+
+def map_batches_options(*, model: str, workers: int, threads: int | None, rows_per_block: int,
+                        batch_size: int | None, max_tokens: int | None, gpus_per_worker: float | None = None,
+                        dtype: str | None = None, fail_on: Sequence[str] = ()) -> dict:
+    """The keyword arguments ``Dataset.map_batches`` gets (besides the class and the actor pool): one place,
+    so what reaches Ray is tested without Ray. GPU actors (``gpus_per_worker``) ask for ``num_gpus`` and load
+    their model on "cuda" (the GPU Ray gave them); CPU actors ask for ``threads`` CPUs."""
+    options = dict(fn_constructor_kwargs=dict(model=model, threads=threads, batch_size=batch_size,
+                                              max_tokens=max_tokens, fail_on=list(fail_on),
+                                              device="cuda" if gpus_per_worker else None, dtype=dtype),
+                   batch_size=rows_per_block, batch_format="pandas", num_cpus=threads or 1)
+    if gpus_per_worker:
+        options["num_gpus"] = gpus_per_worker
+    return options
+
+
+def _check_gpus(ray, gpus_per_worker) -> None:
+    """A cluster without the GPUs one actor asks for would wait for them forever: refused instead."""
+    if not gpus_per_worker:
+        return
+    have = ray.cluster_resources().get("GPU", 0)
+    if have < gpus_per_worker:
+        raise InputError(f"--gpus-per-worker {gpus_per_worker:g}: the Ray cluster has {have:g} GPU(s); an actor "
+                         "asking for more would wait for ever. Start Ray where the GPUs are, or leave the option out "
+                         "(CPU actors)")
 
 
 def _embed(files, out_dir, *, model, workers, threads, rows_per_block, batch_size, max_tokens, text_field, id_field,
-           address, fail_on) -> EmbedReport:
+           address, fail_on, gpus_per_worker=None, dtype=None) -> EmbedReport:
     import time
 
     model_path = Path(model).expanduser()
@@ -230,6 +271,7 @@ def _embed(files, out_dir, *, model, workers, threads, rows_per_block, batch_siz
     context.enable_progress_bars = False  # the report says what happened
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+    _check_gpus(ray, gpus_per_worker)
     start = time.perf_counter()
     if _kind(files[0]) == "parquet":
         ds = ray.data.read_parquet(files, columns=[id_field, text_field])
@@ -242,10 +284,10 @@ def _embed(files, out_dir, *, model, workers, threads, rows_per_block, batch_siz
     ds = ds.materialize()  # read once, before the actors take the CPUs (nothing upstream of them is left to run)
     rows_in = ds.count()
     vectors = ds.map_batches(
-        _Embedder, fn_constructor_kwargs=dict(model=model, threads=threads, batch_size=batch_size,
-                                              max_tokens=max_tokens, fail_on=list(fail_on)),
-        batch_size=rows_per_block, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=workers),
-        num_cpus=threads or 1).materialize()  # Ray Data restarts a dead actor and retries its task by default
+        _Embedder, compute=ray.data.ActorPoolStrategy(size=workers),
+        **map_batches_options(model=model, workers=workers, threads=threads, rows_per_block=rows_per_block,
+                              batch_size=batch_size, max_tokens=max_tokens, gpus_per_worker=gpus_per_worker,
+                              dtype=dtype, fail_on=fail_on)).materialize()  # Ray Data restarts a dead actor and retries
     from ray.data.expressions import col
 
     status = vectors.select_columns(["id", "status"]).filter(expr=col("status") != "").take_all()

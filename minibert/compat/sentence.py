@@ -40,7 +40,7 @@ from ..inputs import check_index
 from ..loading import MODEL_FILES, TOKENIZER_FILES, resolve_source
 from ..models import BertModel
 from ..tokenizer import BertTokenizer
-from ..tools.encode import encode_ids
+from ..tools.encode import encode_ids, encode_texts
 from ..textfiles import atomic_dir, field, inside, read_json
 from ..tools.pooling import POOLING_MODES, pool  # noqa: F401  (pool: sentence-transformers' modes, re-exported)
 # pooling config.json's older spelling: one boolean per mode, in this order
@@ -221,9 +221,11 @@ class SentenceEncoder:
                 raise InputError(f"sentences[{i}] is a {type(t).__name__}, not a string")
         if device is not None and torch.device(device) != self.model.device:
             raise InputError(f"device={device!r}: the model is on {self.model.device}; move it with encoder.model.to(...)")
-        ids = self.tokenize(texts)["input_ids"] if texts else []
-        out = self.encode_ids(ids, batch_size=batch_size, max_tokens=max_tokens, progress=bool(show_progress_bar),
-                              normalize=normalize_embeddings)
+        # on a GPU the texts are tokenised in a background thread while it runs (tools.encode.encode_texts)
+        out = encode_texts(self.model, self.tokenizer, texts, pooling=self.pooling,
+                           normalize=self.normalize or normalize_embeddings, batch_size=batch_size,
+                           max_tokens=max_tokens, progress=bool(show_progress_bar),
+                           tokenize=lambda chunk: self.tokenize(chunk)["input_ids"] if chunk else [])
         if convert_to_tensor:
             return out[0] if single else out
         if convert_to_numpy:

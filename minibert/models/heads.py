@@ -64,8 +64,10 @@ class _TaskModel(nn.Module):
     def head_out_features(self) -> int:
         return self.config.num_labels
 
-    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, output_attentions):
-        return self.bert(input_ids, attention_mask, token_type_ids, position_ids, output_attentions)
+    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+               output_hidden_states=True):
+        return self.bert(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+                         output_hidden_states)
 
     @classmethod
     def from_pretrained(cls, source, *, revision=None, dtype=None, device=None):
@@ -150,8 +152,9 @@ class BertForSequenceClassification(_Classifier):
     needs_pooler = True
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_attentions=False) -> ClassifierOutput:
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, output_attentions)
+                output_attentions=False, output_hidden_states=True) -> ClassifierOutput:
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+                          output_hidden_states)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, num_labels)
         loss = None if labels is None else sequence_loss(logits, labels, self.config)
         return ClassifierOutput(logits, loss, out.hidden_states, out.attentions)
@@ -165,7 +168,7 @@ class BertForSequenceClassification(_Classifier):
         results = [None] * (1 if isinstance(texts, str) else len(texts))
         with self._predicting():
             for _, rows, batch in self._batches(texts, text_pairs, tokenizer, batch_size, max_length):
-                logits = self(**batch).logits.float()
+                logits = self(**batch, output_hidden_states=False).logits.float()  # keeps no hidden state
                 for i, row in zip(rows, logits):
                     if kind == "regression":
                         results[i] = {"score": float(row[0]) if len(row) == 1 else row.tolist()}
@@ -183,8 +186,9 @@ class BertForTokenClassification(_Classifier):
     """A label per token (e.g. named-entity tags), from each token's last hidden state."""
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_attentions=False) -> ClassifierOutput:
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, output_attentions)
+                output_attentions=False, output_hidden_states=True) -> ClassifierOutput:
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+                          output_hidden_states)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, num_labels)
         loss = None
         if labels is not None:  # -100 marks tokens without a label (padding, special tokens, later pieces)
@@ -198,7 +202,7 @@ class BertForTokenClassification(_Classifier):
         results = [None] * (1 if isinstance(texts, str) else len(texts))
         with self._predicting():
             for tok, rows, batch in self._batches(texts, None, tokenizer, batch_size, max_length):
-                probs = self(**batch).logits.float().softmax(-1)  # (B, T, num_labels)
+                probs = self(**batch, output_hidden_states=False).logits.float().softmax(-1)  # (B, T, num_labels)
                 p, best = probs.max(-1)
                 special = {tok.vocab[t] for t in (tok.cls_token, tok.sep_token, tok.pad_token)}
                 for r, ids, row_p, row_best in zip(rows, batch["input_ids"].tolist(), p.tolist(), best.tolist()):
@@ -222,8 +226,10 @@ class BertForQuestionAnswering(_TaskModel):
         return 2
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                start_positions=None, end_positions=None, output_attentions=False) -> SpanOutput:
-        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, output_attentions)
+                start_positions=None, end_positions=None, output_attentions=False,
+                output_hidden_states=True) -> SpanOutput:
+        out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, output_attentions,
+                          output_hidden_states)
         start, end = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -243,7 +249,7 @@ class BertForQuestionAnswering(_TaskModel):
         with self._predicting():
             for _, rows, batch in self._batches(questions, contexts, tokenizer, batch_size, max_length, offsets=True):
                 offsets = batch.pop("offset_mapping")
-                out = self(**batch)
+                out = self(**batch, output_hidden_states=False)
                 for k, start, end, types, mask, offs in zip(rows, out.start_logits, out.end_logits,
                                                             batch["token_type_ids"], batch["attention_mask"], offsets):
                     in_context = (types == 1) & (mask == 1) & (offs[:, 1] > offs[:, 0])  # context tokens, no [SEP]

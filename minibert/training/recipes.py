@@ -73,14 +73,17 @@ class ScalarMixClassifier(nn.Module):
         self.classifier = nn.Linear(self.config.hidden_size, len(names))
         init_head(self.classifier, torch.Generator().manual_seed(seed))
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states=True):
+        """As a sequence classifier's; the mix reads every hidden state, which ``output_hidden_states=False``
+        only leaves out of the output."""
         self.bert.eval()  # frozen: no dropout, no gradients
         with torch.no_grad():
             out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
         mixed = self.mix(out.hidden_states, attention_mask)  # (B, T, H)
         logits = self.classifier(pool(mixed, attention_mask, "mean"))  # (B, num_labels)
         loss = None if labels is None else sequence_loss(logits, labels, self.config)
-        return ClassifierOutput(logits, loss, out.hidden_states)
+        return ClassifierOutput(logits, loss, out.hidden_states if output_hidden_states else None)
 
     # predictions as a sequence classifier's (same output, same config): its methods serve this class too
     predict = BertForSequenceClassification.predict
@@ -102,11 +105,15 @@ class ScalarMixClassifier(nn.Module):
                       tmp / self.HEAD_FILE)
 
     @classmethod
-    def from_pretrained(cls, directory):
-        encoder = BertModel.from_pretrained(directory)
+    def from_pretrained(cls, directory, *, dtype=None, device=None):
+        """The classifier ``save_pretrained`` wrote; ``dtype`` / ``device`` as ``BertModel.from_pretrained``
+        (the mix and the classifier follow the encoder; they stay fp32 beside an int8 encoder)."""
+        encoder = BertModel.from_pretrained(directory, dtype=dtype, device=device)
         head = load_file(Path(directory) / cls.HEAD_FILE)
         model = cls(encoder, [encoder.config.id2label[i] for i in range(len(encoder.config.id2label))],
                     problem_type=encoder.config.problem_type, share_encoder=True)
+        model.mix.to(device=encoder.device, dtype=encoder.dtype)
+        model.classifier.to(device=encoder.device, dtype=encoder.dtype)
         with torch.no_grad():
             model.mix.scalar_parameters.copy_(head["mix.scalar_parameters"])
             model.mix.gamma.copy_(head["mix.gamma"])
