@@ -43,3 +43,24 @@ def test_torch_encoder_peer_computes_the_same_function(bench):
         theirs = encoder(x, src_key_padding_mask=~batch["attention_mask"].bool())
     valid = batch["attention_mask"].bool()
     assert (ours - theirs)[valid].abs().max() <= 1e-5
+
+
+def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path):
+    """benchmarks/bench_gpu.py --dry: the GPU bench's every step but the CUDA tests, on this CPU with a tiny
+    model (what CI can run; the GPU figures come from a lent GPU). It writes a page naming the machine."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--dry", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_dry.json").read_text())
+    assert len(result["batches"]) == 5 and all(set(b["ratio"]) >= {"readable", "fast", "fast, all states"}
+                                               for b in result["batches"])
+    assert result["routes"]["fp32"]["attention"] == "loop" and result["skipped"] == []
+    text = (tmp_path / "gpu_dry.md").read_text()
+    assert "a dry run: a tiny model on a CPU, no GPU figure" in text and "torch " in text
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--steps", "nope", "--dry"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert refused.returncode == 2 and "unknown ['nope']" in refused.stderr
