@@ -123,19 +123,18 @@ def batch_size_option(default: int | None = None, help: str | None = None) -> ar
 
 
 DEVICE_HELP = "where the model runs: cpu (default), cuda or cuda:N"
-DTYPE_HELP = ("the weights' dtype: fp32 (default), bf16, fp16 (a GPU's, or a CPU with AVX-512-BF16 / AMX), int8 "
-              "(quantised on load; CPU only)")
+DTYPE_HELP = ("the weights' dtype: fp32, bf16, fp16 (a GPU's, or a CPU with AVX-512-BF16 / AMX), int8 (quantised on "
+              "load; CPU only); default: as the checkpoint stores them")
 
 
-def device_options(int8: bool = True) -> argparse.ArgumentParser:
+def device_options() -> argparse.ArgumentParser:
     """``--device`` and ``--dtype`` of the inference commands, checked before any work
     (``hardware.inference_device``)."""
     from ..names import QUANTISED_DTYPES, SHORT_DTYPES
 
     p = _parent()
     p.add_argument("--device", help=DEVICE_HELP)
-    p.add_argument("--dtype", choices=[*SHORT_DTYPES, *(QUANTISED_DTYPES if int8 else ())], default=None,
-                   help=DTYPE_HELP if int8 else DTYPE_HELP.split(", int8")[0])
+    p.add_argument("--dtype", choices=[*SHORT_DTYPES, *QUANTISED_DTYPES], default=None, help=DTYPE_HELP)
     return p
 
 
