@@ -12,7 +12,8 @@ Steps (``--steps``, all by default), each skipped once the time box is spent (th
   256 x 256 at 35 % real tokens -- in bf16, fp16 and fp32, BERT-base geometry (random weights that
   transformers builds and saves): transformers' ``BertModel`` (sdpa); minibert's readable model; the fast
   path keeping only the last hidden state (what transformers returns by default); the fast path keeping
-  all of them (minibert's default); fp32 also with ``tf32=True``. Median over ``--rounds`` alternating
+  all of them (minibert's default); on batches without padding the fast path as CUDA graphs
+  (``cuda_graphs=True``); fp32 also with ``tf32=True``. Median over ``--rounds`` alternating
   calls (the GPU synchronised after each) of each call's time / transformers' time in the same round.
 * ``memory``: peak GPU memory of one call on the 256 x 256 batch in bf16, each implementation.
 * ``embed``: sentence embeddings with all-MiniLM-L6-v2 of every line of ``data/sentences`` and whatever
@@ -113,6 +114,7 @@ def measure_batches(directory: Path, device, rounds: int, dry: bool, clock: Cloc
         ours = BertModel.from_pretrained(directory, dtype=dtype, device=device).eval()
         quick = fast.prepare(ours)
         tf32 = fast.prepare(ours, tf32=True)
+        graphs = fast.prepare(ours, cuda_graphs=True) if device.type == "cuda" else None
         routes = fast.routes(ours)
         for (B, T, fraction), goal in (DRY_BATCHES if dry else BATCHES):
             if clock.spent():
@@ -124,6 +126,8 @@ def measure_batches(directory: Path, device, rounds: int, dry: bool, clock: Cloc
                    "fast, all states": lambda: quick(**batch)}
             if dtype == torch.float32 and device.type == "cuda":
                 fns["fast, tf32"] = lambda: tf32(**batch, output_hidden_states=False)
+            if graphs is not None and fraction == 1.0:  # no padding: a CUDA graph per shape
+                fns["fast, cuda graphs"] = lambda: graphs(**batch, output_hidden_states=False)
             with torch.inference_mode():
                 times = harness.alternate({k: synced(f, device) for k, f in fns.items()}, rounds, warmup=3, rotate=True)
             row = {"dtype": short, "B": B, "T": T, "real": round(float(batch["attention_mask"].float().mean()), 3),
@@ -133,7 +137,7 @@ def measure_batches(directory: Path, device, rounds: int, dry: bool, clock: Cloc
             rows.append(row)
             print(f"{short} {B} x {T} ({row['real']:.0%} real): " + ", ".join(f"{k} {v:.2f}" for k, v in row["ratio"].items())
                   + f"  (transformers {row['transformers_ms']} ms)", flush=True)
-        theirs = ours = quick = tf32 = None  # freed before the next dtype's copies
+        theirs = ours = quick = tf32 = graphs = None  # freed before the next dtype's copies
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows

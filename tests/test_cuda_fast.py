@@ -126,3 +126,15 @@ def test_encode_on_the_gpu_equals_the_cpu(minilm_dir, sentences_dir):
     cpu = encode_texts(model, tok, texts, normalize=True)
     gpu = encode_texts(model, tok, texts, normalize=True, device="cuda")  # overlapped, token budget, one copy back
     assert model.device.type == "cpu" and (gpu - cpu).abs().max() <= 1e-6  # the bound
+
+
+def test_cuda_graphs_replay_what_the_fast_path_computes(minilm):
+    model, tok = minilm
+    run, plain = fast.prepare(model, cuda_graphs=True), fast.prepare(model)
+    with torch.inference_mode():
+        for text in ("a river bank", "the bank raised its rates", "hello there friend"):
+            ids = tok([text], return_tensors="pt")["input_ids"].to(CUDA)
+            graphed, want = run(ids), plain(ids)
+            assert torch.equal(graphed.last_hidden_state, want.last_hidden_state)
+            assert all(torch.equal(a, b) for a, b in zip(graphed.hidden_states, want.hidden_states))
+    assert len(run.graphs.entries) == 3  # three lengths, three graphs

@@ -210,3 +210,87 @@ def test_transformers_calls_keep_only_what_they_ask_for(minilm_dir):
     with torch.inference_mode():
         assert model(**batch).hidden_states is None
         assert len(model(**batch, output_hidden_states=True).hidden_states) == 7
+
+
+# ------------------------------------------------------------------------------------ CUDA graphs
+class FakeGraph:
+    """A CUDA graph's contract on a CPU: ``capture`` records the function and its static inputs; ``replay``
+    recomputes into the very output tensors the capture returned (what a graph's replay does)."""
+
+    captures = 0
+
+    def __init__(self):
+        self.fn = self.inputs = self.out = None
+
+    def replay(self):
+        fresh = self.fn(*self.inputs)
+        self.out.last_hidden_state.copy_(fresh.last_hidden_state)
+        if self.out.pooler_output is not None:
+            self.out.pooler_output.copy_(fresh.pooler_output)
+
+
+def fake_capture(graph, fn, inputs):
+    FakeGraph.captures += 1
+    graph.fn, graph.inputs = fn, inputs
+    graph.out = fn(*inputs)
+    return graph.out
+
+
+@pytest.fixture
+def graphs_on_cpu(monkeypatch):
+    monkeypatch.setattr(fast.GraphCache, "check", staticmethod(lambda model: None))
+    monkeypatch.setattr(fast.GraphCache, "make_graph", staticmethod(FakeGraph))
+    monkeypatch.setattr(fast.GraphCache, "capture", staticmethod(fake_capture))
+    FakeGraph.captures = 0
+
+
+def test_cuda_graphs_capture_once_per_shape_replay_new_inputs_and_follow_the_weights(minilm_dir, graphs_on_cpu):
+    """cuda_graphs=True: a batch without padding is captured once for its shape and replayed with each new
+    input (the outputs copied out, never the graph's own); padded batches run as usual; at most `limit`
+    graphs; new weights drop every graph."""
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    run, plain = fast.prepare(model, cuda_graphs=True), fast.prepare(model)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(1000, 5000, (2, 9), generator=g) for _ in range(2))
+    with torch.inference_mode():
+        out_a = run(a, output_hidden_states=False)
+        out_b = run(b, output_hidden_states=False)  # same shape: replayed with b's ids
+        assert FakeGraph.captures == 1
+        for ids, out in ((a, out_a), (b, out_b)):
+            want = plain(ids, output_hidden_states=False)
+            assert torch.equal(out.last_hidden_state, want.last_hidden_state)
+            assert torch.equal(out.pooler_output, want.pooler_output)
+        assert not torch.equal(out_a.last_hidden_state, out_b.last_hidden_state)  # a's output was copied out
+        run(torch.randint(1000, 5000, (1, 16), generator=g))  # another shape, another graph
+        assert FakeGraph.captures == 2
+        padded = torch.ones(2, 9, dtype=torch.long)
+        padded[1, 5:] = 0
+        assert torch.equal(run(a, padded).last_hidden_state, plain(a, padded).last_hidden_state)
+        assert FakeGraph.captures == 2  # a padded batch is not a graph
+        small = fast.prepare(model, cuda_graphs=True)
+        small.graphs.limit = 2
+        for T in (4, 5, 6):
+            small(torch.randint(1000, 5000, (1, T), generator=g))
+        assert len(small.graphs.entries) == 2
+        captures = FakeGraph.captures
+        with torch.no_grad():
+            model.pooler.dense.bias += 1.0  # in place, outside the packed blocks: the graph reads that memory
+        edited = run(a, output_hidden_states=False)
+        assert FakeGraph.captures == captures
+        assert torch.equal(edited.pooler_output, plain(a, output_hidden_states=False).pooler_output)
+        with torch.no_grad():
+            model.encoder.blocks[0].attn.query.weight.mul_(1.5)  # the fused QKV copy goes stale: captured again
+        edited = run(a, output_hidden_states=False)
+        assert FakeGraph.captures == captures + 1
+        assert torch.equal(edited.last_hidden_state, plain(a, output_hidden_states=False).last_hidden_state)
+        model.pooler.dense.weight = torch.nn.Parameter(model.pooler.dense.weight.detach().clone())  # replaced
+        run(a, output_hidden_states=False)
+        assert FakeGraph.captures == captures + 2
+
+
+def test_cuda_graphs_need_a_model_on_a_gpu(minilm_dir):
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    with pytest.raises(InputError, match=r"cuda_graphs=True: the model is on cpu; CUDA graphs need a model on a GPU"):
+        fast.prepare(model, cuda_graphs=True)(torch.tensor([[101, 102]]))
+    with pytest.raises(InputError, match=r"cuda_graphs='yes': pass True or False"):
+        fast.prepare(model, cuda_graphs="yes")

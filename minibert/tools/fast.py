@@ -397,10 +397,13 @@ class FastBert:
     per-sequence loop on a CPU, the fastest measured on a GPU), or ``"loop"``, ``"varlen"``, ``"nested"``,
     ``"padded"``. ``tf32=True`` lets fp32 products on a GPU run in TensorFloat-32 (inputs rounded to 10
     mantissa bits: several times faster on tensor cores, about 1e-3 relative error instead of fp32's 1e-7,
-    so no longer within the fp32 noise floor of the readable path); off by default, as in torch."""
+    so no longer within the fp32 noise floor of the readable path); off by default, as in torch.
+    ``cuda_graphs=True`` (a model on a GPU): a batch without padding runs as a CUDA graph captured for its
+    shape on first sight (``GraphCache``): one launch instead of hundreds, what a small batch's latency is
+    made of; padded batches run as usual."""
 
     def __init__(self, model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-                 prepack_fp32: bool = False):
+                 cuda_graphs: bool = False, prepack_fp32: bool = False):
         if not isinstance(model, BertModel):
             raise TypeError(f"fast.prepare takes a minibert BertModel, got {type(model).__name__}")
         if fp32_kernel not in FP32_KERNELS:
@@ -412,16 +415,18 @@ class FastBert:
 
             warnings.warn("prepack_fp32=True is fp32_kernel='onednn': say that (prepack_fp32 will go)",
                           DeprecationWarning, stacklevel=3)
-        if not isinstance(tf32, bool):
-            raise InputError(f"tf32={tf32!r}: pass True or False")
+        for name, value in (("tf32", tf32), ("cuda_graphs", cuda_graphs)):
+            if not isinstance(value, bool):
+                raise InputError(f"{name}={value!r}: pass True or False")
         self.model = model
         self.fp32_kernel = "onednn" if prepack_fp32 else fp32_kernel
         self.attention = varlen.check_route(attention)
         self.tf32 = tf32
+        self.graphs = GraphCache() if cuda_graphs else None
 
     def __repr__(self) -> str:
         return (f"FastBert({getattr(self.model, 'source', 'model')}, fp32_kernel={self.fp32_kernel!r}, "
-                f"attention={self.attention!r}, tf32={self.tf32})")
+                f"attention={self.attention!r}, tf32={self.tf32}, cuda_graphs={self.graphs is not None})")
 
     def attention_route(self) -> str:
         """The attention kernel this model's forward takes here (``varlen.attention_route`` for "auto")."""
@@ -459,9 +464,77 @@ class FastBert:
         packed = _packed(model, self.fp32_kernel)
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
-        with torch.inference_mode(), _tf32(self.tf32 and model.device.type == "cuda"):
-            return _forward(model, packed.blocks, self.attention_route(), input_ids, attention_mask, token_type_ids,
+        attention = self.attention_route()
+
+        def forward(input_ids, token_type_ids, position_ids, attention_mask=attention_mask):
+            return _forward(model, packed.blocks, attention, input_ids, attention_mask, token_type_ids,
                             position_ids, num_blocks, skip_blocks, keep)
+        with torch.inference_mode(), _tf32(self.tf32 and model.device.type == "cuda"):
+            if self.graphs is not None:
+                self.graphs.check(model)
+                if attention_mask is None:  # no padding: the shapes are static, the forward can be a graph
+                    # what the graph read: the packed blocks (rebuilt after an edit) and the other weights' memory
+                    weights = (packed, tuple(p.data_ptr() for p in model.parameters()))
+                    key = (tuple(input_ids.shape), num_blocks, tuple(sorted(skip_blocks)), keep, attention)
+                    return self.graphs.run(weights, key, forward, (input_ids, token_type_ids, position_ids))
+            return forward(input_ids, token_type_ids, position_ids)
+
+
+class GraphCache:
+    """CUDA graphs of the fast forward pass, one per key (the packed weights, the input shape and the
+    options), captured on first sight: inputs are copied into the graph's own tensors, the graph replays
+    every kernel in one launch, and the outputs are copied out (the graph's own are overwritten by the next
+    replay). At most ``limit`` graphs are kept (the least recently used goes). A graph reads the memory of
+    the weights it was captured with, so when they change -- the packed blocks rebuilt after an edit, a
+    parameter replaced -- every graph is dropped and captured again. ``check``, ``make_graph`` and
+    ``capture`` are seams for tests of this bookkeeping on a CPU."""
+
+    def __init__(self, limit: int = 8):
+        self.limit = limit
+        self.weights = None  # what the graphs were captured with
+        self.entries: dict = {}  # key -> (graph, static inputs, static output), in order of use
+
+    @staticmethod
+    def check(model) -> None:
+        if model.device.type != "cuda":
+            raise InputError(f"cuda_graphs=True: the model is on {model.device}; CUDA graphs need a model on a GPU "
+                             "(move it there, or leave cuda_graphs out)")
+
+    @staticmethod
+    def make_graph():
+        return torch.cuda.CUDAGraph()
+
+    @staticmethod
+    def capture(graph, fn, inputs):
+        """Warm up on a side stream (torch's rule before a capture), then record ``fn(*inputs)``."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            return fn(*inputs)
+
+    def run(self, weights, key, fn, inputs: tuple) -> BertOutput:
+        if self.weights is None or self.weights[0] is not weights[0] or self.weights[1:] != weights[1:]:
+            self.entries.clear()  # captured with other weights: never replayed
+            self.weights = weights
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            static = tuple(t.clone() for t in inputs)
+            graph = self.make_graph()
+            entry = (graph, static, self.capture(graph, fn, static))
+            if len(self.entries) >= self.limit:
+                self.entries.pop(next(iter(self.entries)))  # the least recently used
+        self.entries[key] = entry  # most recent last
+        graph, static, out = entry
+        for mine, given in zip(static, inputs):
+            mine.copy_(given)
+        graph.replay()
+        copy = (lambda t: None if t is None else t.clone())
+        return BertOutput(last_hidden_state=copy(out.last_hidden_state), pooler_output=copy(out.pooler_output),
+                          hidden_states=None if out.hidden_states is None else tuple(map(copy, out.hidden_states)))
 
 
 def _num_states(config, num_blocks) -> int:
@@ -504,15 +577,16 @@ class _tf32:
 
 
 def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-            prepack_fp32: bool = False) -> FastBert:
+            cuda_graphs: bool = False, prepack_fp32: bool = False) -> FastBert:
     """The fast path for ``model``: ``fast = prepare(model); out = fast(**batch)``. Cheap to call again:
     the weight copies are made on first use and shared by every FastBert of the same model and options.
     ``fp32_kernel``: ``"auto"`` (each product on the route measured fastest on this CPU, see
     ``tools/kernels.py``), ``"linear"`` (F.linear, no weight copies but the fused QKV), ``"blocked"``
     (oneDNN in F.linear's summation order where this CPU has one, else F.linear) or ``"onednn"``
     (oneDNN's own order; the deprecated ``prepack_fp32=True`` says the same) -- see the module docstring.
-    ``attention`` and ``tf32``: see ``FastBert``."""
-    return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, prepack_fp32=prepack_fp32)
+    ``attention``, ``tf32`` and ``cuda_graphs``: see ``FastBert``."""
+    return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, cuda_graphs=cuda_graphs,
+                    prepack_fp32=prepack_fp32)
 
 
 def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
