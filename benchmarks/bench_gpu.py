@@ -188,6 +188,10 @@ def measure_embed(device, texts: list[str], rounds: int) -> list[dict]:
         return []
     from minibert.compat.sentence import SentenceEncoder
 
+    if not texts:
+        print("embed: no texts (fetch data/sentences: python data/fetch_data.py sentences, or pass --texts); skipped",
+              flush=True)
+        return []
     rows = []
     for short in ("fp32", "fp16") if device.type == "cuda" else ("fp32",):
         dtype = DTYPES[short]

@@ -45,7 +45,7 @@ def test_torch_encoder_peer_computes_the_same_function(bench):
     assert (ours - theirs)[valid].abs().max() <= 1e-5
 
 
-def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path):
+def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sentences_dir):
     """benchmarks/bench_gpu.py --dry: the GPU bench's every step but the CUDA tests, on this CPU with a tiny
     model (what CI can run; the GPU figures come from a lent GPU). It writes a page naming the machine."""
     import json
@@ -59,6 +59,7 @@ def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path):
     assert len(result["batches"]) == 5 and all(set(b["ratio"]) >= {"readable", "fast", "fast, all states"}
                                                for b in result["batches"])
     assert result["routes"]["fp32"]["attention"] == "loop" and result["skipped"] == []
+    assert [row["texts"] for row in result["embed"]] == [64]
     text = (tmp_path / "gpu_dry.md").read_text()
     assert "a dry run: a tiny model on a CPU, no GPU figure" in text and "torch " in text
     refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--steps", "nope", "--dry"],
