@@ -435,12 +435,20 @@ def test_predict_speaks_in_flags_and_names_modules_by_folder_when_their_names_co
 def test_ctrl_c_says_where_the_run_can_resume_from(work, tmp_path):
     out = tmp_path / "long"
     args = [sys.executable, "-m", "minibert", *pretrain_args(work, out, "--steps", "100000", "--save-every", "1")]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 120
-    while not list((out / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    # Ctrl-C as a terminal sends it: a shell that starts the tests in the background (`cmd &`) ignores SIGINT,
+    # and a child inherits that (the run would train on, orphaned), so the child gets the default back
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # never left running
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130
     assert "minibert: interrupted: " in err and "can be resumed from step" in err and "with --resume" in err
     assert json.loads((out / ".minibert-run.json").read_text())["status"] == "interrupted"
