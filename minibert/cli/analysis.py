@@ -327,8 +327,7 @@ def fast_path_routes(config) -> str:
     from ..hardware import cpu_info
     from ..tools import fast, kernels, varlen
 
-    H, F = config.hidden_size, config.intermediate_size
-    shapes = {"qkv": (3 * H, H), "attention output": (H, H), "ffn in": (F, H), "ffn out": (H, F)}
+    shapes = kernels.block_shapes(config.hidden_size, config.intermediate_size)
     plan = fast.block_plan(config) if kernels.MKLDNN else dict.fromkeys(shapes, "linear")
     record = fast.plan_record(config) or {}
     forced = kernels.forced_route()

@@ -183,13 +183,18 @@ class _Packed:
 
     def __init__(self, model: BertModel, fp32_kernel: str):
         self.parts, self.params = [], []  # (dict, key, object) of every submodule and parameter; tensors
-        for module in model.encoder.modules():
+        # the encoder's weights are copied (fused, packed): an in-place edit makes the copies stale too. The
+        # embeddings and pooler are read where they are, so only a replaced or moved one counts there (what a
+        # CUDA graph of this forward, ``GraphCache``, also needs: it reads their memory as it was captured)
+        live = [m for m in (model.embeddings, model.pooler) if m is not None]
+        self.parts += [(model._modules, k, v, None) for k, v in model._modules.items()]
+        for module in [*model.encoder.modules(), *(m for top in live for m in top.modules())]:
             self.parts.append((module.__dict__, "_modules", module._modules, len(module._modules)))
             self.parts.append((module.__dict__, "_parameters", module._parameters, len(module._parameters)))
             self.parts += [(module._modules, k, v, None) for k, v in module._modules.items()]
             self.parts += [(module._parameters, k, v, None) for k, v in module._parameters.items()]
-            self.params += [(p, p.data_ptr(), _version(p)) for p in module._parameters.values() if p is not None]
-        self.encoder = model.encoder
+        self.params = [(p, p.data_ptr(), _version(p)) for p in model.encoder.parameters()]
+        self.params += [(p, p.data_ptr(), None) for top in live for p in top.parameters()]  # no version: read live
         # torch's hook dicts of every module (filled and emptied in place): a torch hook anywhere sends a
         # call to the readable path, where it fires (captum's layer methods, say)
         self.hook_dicts = [d for module in model.modules()
@@ -208,9 +213,10 @@ class _Packed:
         """A module or parameter replaced or added, an in-place edit (version counter), ``.to()`` (data
         pointer), another torch thread count: each makes the copies stale. Checked against what was
         recorded, without walking the module tree (~60 us for BERT-base, against ~450 us for one walk)."""
-        return (model.encoder is not self.encoder or torch.get_num_threads() != self.threads
+        return (torch.get_num_threads() != self.threads
                 or any(d.get(k) is not v or (n is not None and len(v) != n) for d, k, v, n in self.parts)
-                or any(p.data_ptr() != ptr or _version(p) != version for p, ptr, version in self.params))
+                or any(p.data_ptr() != ptr or (version is not None and _version(p) != version)
+                       for p, ptr, version in self.params))
 
     def torch_hooked(self) -> bool:
         """Whether a torch module hook is registered on any module of the model, or globally, or a key/value
@@ -239,7 +245,7 @@ def _version(p: torch.Tensor):
 
 
 # ------------------------------------------------------------------- "auto": routes chosen on the whole block
-PRODUCTS = ("qkv", "attention output", "ffn in", "ffn out")  # a block's four products, as ``routes`` names them
+PRODUCTS = kernels.PRODUCTS  # a block's four products, as ``routes`` names them
 #: the batches a block is timed on (B, T, real-token fraction): a dense batch and a padded one
 PLAN_CONTEXTS = ((8, 128, 1.0), (16, 128, 0.38))
 _PLANS: dict[tuple, dict[str, str]] = {}
@@ -258,8 +264,7 @@ def block_plan(config) -> dict[str, str]:
     forced = kernels.forced_route()
     if forced is not None:
         return dict.fromkeys(PRODUCTS, forced)
-    H, F_ = config.hidden_size, config.intermediate_size
-    shapes = {"qkv": (3 * H, H), "attention output": (H, H), "ffn in": (F_, H), "ffn out": (H, F_)}
+    shapes = kernels.block_shapes(config.hidden_size, config.intermediate_size)
     machine, what = measured.machine_key(), plan_key(config)
     if (machine, what) in _PLANS:
         return _PLANS[(machine, what)]
@@ -267,7 +272,7 @@ def block_plan(config) -> dict[str, str]:
     plan = entry.get("plan") if entry else None
     if not (isinstance(plan, dict) and set(plan) == set(PRODUCTS)
             and all(r in kernels.ROUTES and kernels.runs_here(r, *shapes[p]) for p, r in plan.items())):
-        per_product = {name: kernels.route_for(*shape) for name, shape in shapes.items()}
+        per_product = kernels.routes_for_shapes(config.hidden_size, config.intermediate_size)
         candidates = {route: dict.fromkeys(PRODUCTS, route) for route in kernels.ROUTES
                       if all(kernels.runs_here(route, *shape) for shape in shapes.values())}
         if per_product not in candidates.values():
@@ -449,8 +454,9 @@ class FastBert:
         model = self.model
         num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
         keep = kept_states(output_hidden_states, model.config, num_blocks)
-        if (output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model)
-                or _packed(model, self.fp32_kernel).torch_hooked()):
+        readable = output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model)
+        packed = None if readable else _packed(model, self.fp32_kernel)  # its staleness checked once a call
+        if readable or packed.torch_hooked():
             # the readable path: model.py's own forward, whatever calling convention a subclass adds
             # (TransformersBertModel); torch hooks on the model's modules fire there. It keeps every
             # hidden state, or only the last one when no other is wanted.
@@ -461,7 +467,6 @@ class FastBert:
             states = out.hidden_states or (None,) * last + (out.last_hidden_state,)
             out.hidden_states = None if keep is None else tuple(t if i in keep else None for i, t in enumerate(states))
             return out
-        packed = _packed(model, self.fp32_kernel)
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
         attention = self.attention_route()
@@ -473,10 +478,8 @@ class FastBert:
             if self.graphs is not None:
                 self.graphs.check(model)
                 if attention_mask is None:  # no padding: the shapes are static, the forward can be a graph
-                    # what the graph read: the packed blocks (rebuilt after an edit) and the other weights' memory
-                    weights = (packed, tuple(p.data_ptr() for p in model.parameters()))
                     key = (tuple(input_ids.shape), num_blocks, tuple(sorted(skip_blocks)), keep, attention)
-                    return self.graphs.run(weights, key, forward, (input_ids, token_type_ids, position_ids))
+                    return self.graphs.run(packed, key, forward, (input_ids, token_type_ids, position_ids))
             return forward(input_ids, token_type_ids, position_ids)
 
 
@@ -517,7 +520,8 @@ class GraphCache:
             return fn(*inputs)
 
     def run(self, weights, key, fn, inputs: tuple) -> BertOutput:
-        if self.weights is None or self.weights[0] is not weights[0] or self.weights[1:] != weights[1:]:
+        """``weights``: the model's ``_Packed`` record, rebuilt whenever what a graph reads changed."""
+        if self.weights is not weights:
             self.entries.clear()  # captured with other weights: never replayed
             self.weights = weights
         entry = self.entries.pop(key, None)

@@ -204,9 +204,16 @@ def route_for(out_features: int, in_features: int) -> str:
     return _CHOICES[key]
 
 
+#: a BERT block's four products (QKV fused, attention output, FFN in, FFN out), named as ``minibert inspect``
+#: prints them
+PRODUCTS = ("qkv", "attention output", "ffn in", "ffn out")
+
+
+def block_shapes(hidden: int, intermediate: int) -> dict[str, tuple[int, int]]:
+    """The (out, in) weight shape of each of a block's ``PRODUCTS``."""
+    return dict(zip(PRODUCTS, ((3 * hidden, hidden), (hidden, hidden), (intermediate, hidden), (hidden, intermediate))))
+
+
 def routes_for_shapes(hidden: int, intermediate: int) -> dict[str, str]:
-    """``route_for`` of each of a BERT block's four products (QKV fused, attention output, FFN in, FFN
-    out), named as ``minibert inspect`` prints them."""
-    shapes = {"qkv": (3 * hidden, hidden), "attention output": (hidden, hidden), "ffn in": (intermediate, hidden),
-              "ffn out": (hidden, intermediate)}
-    return {name: route_for(*shape) for name, shape in shapes.items()}
+    """``route_for`` of each of a block's ``PRODUCTS``, each measured alone."""
+    return {name: route_for(*shape) for name, shape in block_shapes(hidden, intermediate).items()}
