@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The depth lab, measured: a depth study (``training.depth_study``) on the reachable English text and the
+"""The depth lab, measured: a depth study (``runs.depth_study``) on the reachable English text and the
 cut-vs-grown comparison; results in benchmarks/results/NAME.json and NAME.md, figures in docs/img/NAME_*.png.
 
 Scales (``--scale``):
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_pretrain import corpus_files_for_runs  # noqa: E402
 from minibert.hardware import cpu_description, native_half  # noqa: E402
-from minibert.training.depth_study import (ARMS, QUICK, DepthStudyConfig, best_probe, cut_vs_grown,  # noqa: E402
+from minibert.runs.depth_study import (ARMS, QUICK, DepthStudyConfig, best_probe, cut_vs_grown,  # noqa: E402
                                            plot_study, run_study, summary_rows)
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -55,8 +55,9 @@ from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # 
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.loading import copy_tokenizer  # noqa: E402
 from minibert.tools import fast, surgery  # noqa: E402
+from minibert.tools.encode import encode_texts  # noqa: E402
 from minibert.training import depth, distill  # noqa: E402
-from minibert.training.pipelines import distill as distill_pipeline, exits, finetune as tasks  # noqa: E402
+from minibert.runs import distill as distill_pipeline, exits, finetune as tasks  # noqa: E402
 from minibert.training.datasets import read_table  # noqa: E402
 
 from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
@@ -107,12 +108,12 @@ def embedding_setup(args):
 # ------------------------------------------------------------------------------------------------ parts
 def part_embeddings(args, results):
     texts, held, teacher, tokenizer = embedding_setup(args)
-    reference = distill.embed(teacher, tokenizer, held, max_length=128)
+    reference = encode_texts(teacher, tokenizer, held, max_length=128)
     earlier = {run["name"]: run for run in results.get("embeddings", {}).get("runs", [])}
     out = {"train_texts": len(texts), "held_texts": len(held), "runs": []}
     for blocks in ([0, 2, 4], [1, 3, 5], [0, 2, 5]):
         student = distill.init_student(teacher, blocks)
-        before = distill.embedding_agreement(reference, distill.embed(student, tokenizer, held, max_length=128))
+        before = distill.embedding_agreement(reference, encode_texts(student, tokenizer, held, max_length=128))
         out.setdefault("before", {})[str(blocks)] = before
     trained = None
     for name, options in args.embedding_runs:
@@ -152,8 +153,8 @@ def part_embeddings(args, results):
     batch = tokenizer(held[:32], padding=True, truncation=True, return_tensors="pt")
     one = tokenizer(held[:1], return_tensors="pt")
     t_fast, s_fast = fast.prepare(teacher), fast.prepare(student)
-    times = alternate({"teacher_corpus": lambda: distill.embed(teacher, tokenizer, held, max_length=128),
-                       "student_corpus": lambda: distill.embed(student, tokenizer, held, max_length=128),
+    times = alternate({"teacher_corpus": lambda: encode_texts(teacher, tokenizer, held, max_length=128),
+                       "student_corpus": lambda: encode_texts(student, tokenizer, held, max_length=128),
                        "teacher_32": lambda: t_fast(**batch), "student_32": lambda: s_fast(**batch),
                        "teacher_1": lambda: t_fast(**one), "student_1": lambda: s_fast(**one)}, args.rounds)
     out["speed"] = {**times, "speedup_corpus": times["teacher_corpus"] / times["student_corpus"],
@@ -209,7 +210,7 @@ def part_steps(args, results):
     on each batch (fp32, as the first four runs), its vectors cached, + the embeddings frozen, + bf16."""
     texts, _, teacher, tokenizer = embedding_setup(args)
     texts = texts[:1600] + distill.augment_texts(texts[:1600], 1600, seed=0)
-    targets = distill.embed(teacher, tokenizer, texts, max_length=128)
+    targets = encode_texts(teacher, tokenizer, texts, max_length=128)
     batches = list(distill.text_batches(tokenizer, texts, batch_size=32, group_by_length=True, targets=targets)(0))
     batches = batches[:8 if args.quick else 24]
     student = distill.init_student(teacher, [0, 2, 5]).train()

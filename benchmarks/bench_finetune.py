@@ -32,7 +32,7 @@ from fetch_data import fetch_trec, fetch_wnut16  # noqa: E402
 
 from minibert import BertForSequenceClassification, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
-from minibert.training.pipelines import finetune as tasks  # noqa: E402
+from minibert.runs import finetune as tasks  # noqa: E402
 from minibert.training.loop import FitConfig  # noqa: E402
 
 from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)

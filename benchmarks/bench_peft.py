@@ -83,7 +83,7 @@ def dataset_files(args, workdir: Path) -> dict:
 def one_run(dataset: str, method: str, seed: int, train: Path, test: Path, epochs: int, workdir: Path,
             lr: float | None = None) -> dict:
     from minibert.training.loop import FitConfig
-    from minibert.training.pipelines.finetune import finetune
+    from minibert.runs.finetune import finetune
 
     options, default_lr = METHODS[method]
     lr = lr or default_lr
@@ -279,7 +279,7 @@ def train_reference(model, train: Path, test: Path, lr: float, epochs: int, task
 
     from minibert import BertTokenizer
     from minibert.training import metrics
-    from minibert.training.pipelines.skeleton import read_task_data
+    from minibert.runs.skeleton import read_task_data
 
     torch.manual_seed(0)
     tokenizer = BertTokenizer.from_pretrained(MODEL)
@@ -345,7 +345,7 @@ def part_reftagging(args, results):
     epochs): its training loss per epoch beside our run's, to tell the method from our implementation when
     the entity F1 stays at 0."""
     from minibert import BertForTokenClassification
-    from minibert.training.pipelines.skeleton import read_task_data
+    from minibert.runs.skeleton import read_task_data
 
     workdir = RESULTS / "peft-runs.tmp"
     workdir.mkdir(parents=True, exist_ok=True)

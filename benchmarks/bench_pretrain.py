@@ -57,8 +57,9 @@ from minibert.hardware import cpu_description, cpu_info, native_half  # noqa: E4
 from minibert.outputs import read_record  # noqa: E402
 from minibert.models.pretraining import BertForMaskedLM, BertForPreTraining  # noqa: E402
 from minibert.tools import timing  # noqa: E402
+from minibert.tools.encode import encode_texts  # noqa: E402
 from minibert.training.loop import parameter_groups  # noqa: E402
-from minibert.training.pipelines.pretrain import GEOMETRIES, geometry_config  # noqa: E402
+from minibert.runs.pretrain import GEOMETRIES, geometry_config  # noqa: E402
 from minibert.training.pretrain_data import Examples, TokenStore  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -225,7 +226,7 @@ def corpus_files_for_runs() -> list[Path]:
 
 def part_run(args, work, results):
     import fetch_data
-    from minibert.training.pipelines.pretrain import run_pretraining
+    from minibert.runs.pretrain import run_pretraining
     from minibert.training.pretrain import PretrainConfig
 
     suffix = "" if (args.lr, args.dropout, args.bf16) == (5e-4, None, False) else \
@@ -358,7 +359,7 @@ def part_downstream(args, work, results):
     from minibert.models import BertModel
     from minibert.textfiles import read_conllu
     from minibert.training.loop import FitConfig
-    from minibert.training.pipelines.finetune import finetune
+    from minibert.runs.finetune import finetune
 
     run = ROOT / results["run"]["folder"]
     tokenizer = BertTokenizer.from_pretrained(run)
@@ -441,8 +442,8 @@ def finetune_trec(source, lr: float, seed: int, epochs: int, split, out: Path, d
     epoch chosen on its dev questions; that epoch's accuracy on the test questions."""
     from minibert.models.heads import BertForSequenceClassification
     from minibert.training.loop import FitConfig
-    from minibert.training.pipelines.finetune import finetune
-    from minibert.training.pipelines.skeleton import read_task_data
+    from minibert.runs.finetune import finetune
+    from minibert.runs.skeleton import read_task_data
 
     train, dev, test = split
     started = time.time()
@@ -595,7 +596,7 @@ def part_longer(args, work, results):
     from minibert.analysis.probing import probe_model
     from minibert.models import BertModel
     from minibert.textfiles import read_conllu
-    from minibert.training.pipelines.pretrain import run_pretraining
+    from minibert.runs.pretrain import run_pretraining
 
     import fetch_data
 
@@ -826,8 +827,8 @@ def part_continued(args, work, results):
     import fetch_data
     from minibert.training import distill
     from minibert.training.loop import FitConfig
-    from minibert.training.pipelines.finetune import finetune
-    from minibert.training.pipelines.pretrain import run_pretraining
+    from minibert.runs.finetune import finetune
+    from minibert.runs.pretrain import run_pretraining
     from minibert.training.pretrain import PretrainConfig
     from minibert.models import BertModel
 
@@ -847,11 +848,11 @@ def part_continued(args, work, results):
         models[name] = out
     held = [s for s in (general / "held.txt").read_text(encoding="utf-8").split("\n") if s.strip()]
     tokenizer = BertTokenizer.from_pretrained(MINILM)
-    original = distill.embed(BertModel.from_pretrained(MINILM), tokenizer, held, normalize=True)
+    original = encode_texts(BertModel.from_pretrained(MINILM), tokenizer, held, normalize=True)
     trec, wnut = fetch_data.fetch_trec(), fetch_data.fetch_wnut16()
     rows = {}
     for name, folder in models.items():
-        vectors = distill.embed(BertModel.from_pretrained(folder), tokenizer, held, normalize=True)
+        vectors = encode_texts(BertModel.from_pretrained(folder), tokenizer, held, normalize=True)
         agreement = distill.embedding_agreement(original, vectors)
         ner = finetune(wnut / "train.txt", wnut / "test.txt", str(folder), work / f"wnut-{len(rows)}", task="tag",
                        config=FitConfig(epochs=3, lr=5e-5, seed=0, progress=False), batch_size=16, max_length=64, log=None,

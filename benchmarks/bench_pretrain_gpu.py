@@ -128,7 +128,7 @@ def step_run(args, out: Path) -> None:
     from minibert.loading import copy_tokenizer
     from minibert.models import BertModel
     from minibert.textfiles import read_conllu
-    from minibert.training.pipelines.pretrain import geometry_config, held_examples
+    from minibert.runs.pretrain import geometry_config, held_examples
     from minibert.training.pretrain import PretrainConfig, pretrain
     from minibert.training.pretrain_data import Examples, TokenStore
     from minibert.tools.surgery import dropout as dropout_at

@@ -1,3 +1,5 @@
+"""`python -m minibert`: the command line (`minibert.cli.main`)."""
+
 import sys
 
 from .cli import main

@@ -4,6 +4,8 @@ never taken for numbers. ``minibert.inputs`` (forward arguments) and ``config`` 
 
 from __future__ import annotations
 
+import sys
+
 from .errors import InputError
 
 
@@ -55,3 +57,35 @@ def model_limit(config, tokenizer=None) -> int:
     """The longest input a model takes: its positions, or the tokenizer's model_max_length when smaller."""
     limit = config.max_position_embeddings
     return min(limit, tokenizer.model_max_length) if tokenizer is not None else limit
+
+
+def encoder_of(model, what: str = "expected"):
+    """The BertModel inside a task model (``model.bert``), or the model itself; anything else is refused,
+    the message starting with ``what`` (e.g. "task modules go on"). (``minibert.model`` is looked up, not
+    imported: it imports the core modules that call this; if it was never imported, nothing is a BertModel.)"""
+    textbook = sys.modules.get("minibert.model")
+    encoder = getattr(model, "bert", model)
+    if textbook is None or not isinstance(encoder, textbook.BertModel):
+        raise InputError(f"{what} a minibert BertModel or a task model built on one (its .bert), "
+                         f"not {type(model).__name__}")
+    return encoder
+
+
+#: what a part of a model may refuse to take part in: "save" (written as a plain BERT checkpoint, whose
+#: tensor names it has none of) and "int8" (its linear layers swapped for int8 ones)
+DOINGS = ("save", "int8")
+
+
+def check_parts(model, doing: str) -> None:
+    """Ask every part of ``model`` whether it can take part in ``doing`` (one of ``DOINGS``): a module that
+    cannot defines ``refuses(doing) -> str | None`` and says why, and what to do instead, in its own terms.
+    The first refusal is raised as an InputError naming the part, before anything is written or swapped.
+    So the core names nothing of the layers above it: quantised layers, LoRA layers and task modules
+    speak for themselves."""
+    if doing not in DOINGS:
+        raise ValueError(f"doing={doing!r}: one of {DOINGS}")
+    for name, module in model.named_modules():
+        ask = getattr(type(module), "refuses", None)
+        reason = ask(module, doing) if callable(ask) else None
+        if reason:
+            raise InputError(f"{name or type(model).__name__}: {reason}")

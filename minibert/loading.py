@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from .checks import check_parts, encoder_of
 from .config import BertConfig, read_json_object
 from .errors import CheckpointError, InputError
 from .names import hub_repo_id, parse_dtype
@@ -387,7 +388,7 @@ def _take(model, state, dtype, device, path, skipped):
     """Give a meta-device model the checkpoint's tensors (converted when a dtype or device is asked).
     ``dtype="int8"``: fp32 weights, then the blocks' linear layers quantised (``minibert.quantize``)."""
     int8 = isinstance(dtype, str) and dtype.lower() == "int8"
-    encoder = getattr(model, "bert", model)
+    encoder = encoder_of(model)
     if getattr(encoder, "mlm_head", None) is not None and not encoder.config.tie_word_embeddings:
         from .untied import UntiedMaskedLMHead
 
@@ -421,20 +422,8 @@ def save_model(model, directory) -> None:
     (``bert.*`` and ``classifier.*`` / ``qa_outputs.*``) for the classes of heads.py."""
     from safetensors.torch import save_file
 
-    if getattr(model, "quantized", None) or getattr(getattr(model, "bert", None), "quantized", None):
-        raise InputError("this model is int8-quantised, which is for inference only: save the fp32 model and "
-                         "load it with dtype='int8'")
+    check_parts(model, "save")  # int8 layers, LoRA layers and task modules have no names in a checkpoint
     params = dict(model.named_parameters())
-    tasks = [n for n in params if "task_modules." in n]
-    if tasks:
-        raise InputError(f"this model carries task modules ({tasks[0]}, ...: adapters, prefixes or LoRA added by "
-                         "minibert.training.adapters), which a BERT checkpoint has no names for: save each with "
-                         "save_adapter, and the base (remove_adapter each first) with save_pretrained")
-    adapted = [n for n in params if ".lora_" in n]
-    if adapted:
-        raise InputError(f"this model has LoRA layers ({adapted[0]}, ...), which a BERT checkpoint has no names "
-                         "for: fold them in with minibert.training.lora.merge_lora(model) and save that, or save "
-                         "the adapters alone with save_adapters")
     task = hasattr(model, "checkpoint_head")
     encoder = model.bert if task else model
     mlm = getattr(encoder, "mlm_head", None) is not None

@@ -56,6 +56,7 @@ import warnings
 import torch
 from torch import nn
 
+from .checks import check_parts, encoder_of
 from .errors import InputError
 
 #: the linear layers of a block that int8 replaces: (attribute path in the block)
@@ -266,6 +267,12 @@ class Int8Linear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         return self.qweight.dequantize()
 
+    def refuses(self, doing: str) -> str | None:  # checks.check_parts asks
+        if doing == "save":
+            return ("this model is int8-quantised, which is for inference only: save the fp32 model and load it "
+                    "with dtype='int8'")
+        return None
+
     @property
     def weight(self) -> torch.Tensor:  # (out, in) fp32: what the int8 weights stand for, for reading
         return self.dequantized_weight()
@@ -283,11 +290,12 @@ class Int8Linear(nn.Module):
 def quantize_linears(model: nn.Module) -> nn.Module:
     """Swap every block's linear layers of ``model`` (a BertModel or a task model) for ``Int8Linear``, in
     place, and freeze what stays fp32 (int8 is for inference); returns the model, marked
-    ``model.quantized = "int8"``. A layer that is not a plain nn.Linear (LoRA), or one with torch forward hooks
-    (a LoRA task module), is refused before any swap."""
-    encoder = getattr(model, "bert", model)
+    ``model.quantized = "int8"``. A part that refuses (``checks.check_parts``: a LoRA layer, a LoRA task
+    module), a layer that is not a plain nn.Linear or one with torch forward hooks is refused before any swap."""
+    encoder = encoder_of(model)
     if getattr(encoder, "quantized", None):
         return model
+    check_parts(model, "int8")  # a LoRA layer or task module that cannot be quantised says so itself
     if encoder.dtype != torch.float32:
         raise InputError(f"int8 quantisation starts from fp32 weights; this model is {encoder.dtype}")
     if encoder.device.type != "cpu":
@@ -300,12 +308,10 @@ def quantize_linears(model: nn.Module) -> nn.Module:
             linear = getattr(parent, name)
             if not isinstance(linear, nn.Linear):  # checked for every layer before any is swapped
                 raise InputError(f"blocks.{i}.{path} is a {type(linear).__name__}, not an nn.Linear: int8 "
-                                 "quantises plain linear layers (fold LoRA in first: "
-                                 "minibert.training.lora.merge_lora)")
-            if linear._forward_hooks or linear._forward_pre_hooks:  # a LoRA task module acts through them
-                raise InputError(f"blocks.{i}.{path} carries torch forward hooks (a LoRA task module of "
-                                 "minibert.training.adapters, say), which the int8 layer would drop: remove them "
-                                 "(remove_adapter) first; adapters and prefixes stay")
+                                 "quantises plain linear layers")
+            if linear._forward_hooks or linear._forward_pre_hooks:
+                raise InputError(f"blocks.{i}.{path} carries torch forward hooks, which the int8 layer would "
+                                 "drop: remove them first")
             places.append((parent, name, linear))
     say_if_slower_than_fp32(stacklevel=4)
     for parent, name, linear in places:

@@ -1,5 +1,6 @@
-"""The layering of ARCHITECTURE.md, checked on the source: core < tools < models < analysis < compat, training
-< fronts, one folder a layer, no cycles, and model.py is BERT only."""
+"""The layering of ARCHITECTURE.md, checked on the source: core < tools < models < analysis < compat | training
+< runs < fronts (compat and training side by side: neither imports the other), one folder a layer, no cycles,
+and model.py is BERT only."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "minibert"
 #: one folder a layer (ARCHITECTURE.md); the files beside minibert/__init__.py are the core
-RANK = {"core": 0, "tools": 1, "models": 2, "analysis": 3, "compat": 4, "training": 4, "front": 5}
+RANK = {"core": 0, "tools": 1, "models": 2, "analysis": 3, "compat": 4, "training": 4, "runs": 5, "front": 6}
 FOLDERS = {"tools": "tools", "models": "models", "analysis": "analysis", "compat": "compat", "training": "training",
-           "cli": "front", "testing": "front"}
+           "runs": "runs", "cli": "front", "testing": "front"}
 ENTRY_POINTS = {"minibert.__main__": "front"}  # `python -m minibert` runs the CLI
 
 
@@ -63,10 +64,37 @@ def graph() -> dict[str, set[str]]:
     return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
 
 
-def test_no_module_imports_a_layer_above_its_own():
-    bad = [f"{m} ({layer(m)}) imports {d} ({layer(d)})" for m, deps in graph().items() for d in deps
-           if RANK[layer(d)] > RANK[layer(m)]]
+def wrong_imports(imports: dict[str, set[str]]) -> list[str]:
+    """Imports that break the layering: a module may import its own layer or one ranked below it; a layer
+    above, or another layer of the same rank (training and compat), is refused. The two fronts (cli,
+    testing) are one layer by rank but separate folders: they must not import each other either."""
+    bad = []
+    for m, deps in imports.items():
+        for d in deps:
+            mine, theirs = layer(m), layer(d)
+            if mine == theirs and (mine != "front" or m.split(".")[:2] == d.split(".")[:2] or "__main__" in m):
+                continue
+            if RANK[theirs] >= RANK[mine]:
+                bad.append(f"{m} ({mine}) imports {d} ({theirs})")
+    return bad
+
+
+def test_no_module_imports_a_layer_above_its_own_or_beside_it():
+    bad = wrong_imports(graph())
     assert not bad, bad
+
+
+def test_the_layer_rule_catches_sideways_and_upward_imports():
+    """The import the earlier rule missed (training -> compat, same rank), its mirror, an upward one and a
+    front importing the other front are each caught; downward and same-layer imports are not."""
+    assert len(wrong_imports({"minibert.training.distill": {"minibert.compat.sentence"},
+                              "minibert.compat.ray": {"minibert.training.loop"},
+                              "minibert.training.loop": {"minibert.runs.finetune"},
+                              "minibert.testing": {"minibert.cli.common"}})) == 4
+    assert not wrong_imports({"minibert.runs.distill": {"minibert.compat.sentence", "minibert.training.loop",
+                                                        "minibert.runs.skeleton", "minibert.checks"},
+                              "minibert.cli.training": {"minibert.cli.common", "minibert.runs.finetune"},
+                              "minibert.__main__": {"minibert.cli"}})
 
 
 def test_the_core_never_imports_transformers():
@@ -124,28 +152,22 @@ def test_model_py_is_bert_only():
         assert word not in source, word
 
 
-def test_the_old_api_still_works(minilm_dir):
-    """Code written before the reshaping: methods on the model, fast=True, the old module paths."""
+def test_the_public_model_methods_and_no_old_paths(minilm_dir):
+    """The tools as methods on the public model, fast=True; the module paths of before the reshaping are
+    gone (0.1.0 was never released: no alias protects anyone), and nothing in the package warns that a
+    name moved."""
+    import importlib
+
     import torch
 
-    import sys
-
-    import minibert
     from minibert import BertModel, BertTokenizer
     from minibert.model import BertModel as TextbookBertModel
 
-    for old in ("fast", "hooks", "layers"):  # as a fresh process meets them (an earlier test may have imported them)
-        sys.modules.pop(f"minibert.{old}", None)
-        minibert.__dict__.pop(old, None)
-    with pytest.warns(DeprecationWarning, match="minibert.tools.fast"):
-        import minibert.fast
-    with pytest.warns(DeprecationWarning, match="minibert.tools.hooks"):
-        import minibert.hooks
-    with pytest.warns(DeprecationWarning, match="minibert.analysis.layers"):
-        from minibert import layers
-
-    assert minibert.fast.prepare is __import__("minibert.tools.fast", fromlist=["x"]).prepare
-    assert layers.__name__ == "minibert.analysis.layers" and minibert.hooks.point_table
+    for old in ("fast", "hooks", "layers", "distill", "heads", "api", "distributed", "training.tasks"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"minibert.{old}")
+    for path in PACKAGE.rglob("*.py"):
+        assert "DeprecationWarning" not in path.read_text(encoding="utf-8"), path
     model, tok = BertModel.from_pretrained(minilm_dir), BertTokenizer.from_pretrained(minilm_dir)
     assert isinstance(model, TextbookBertModel)
     batch = dict(tok(["Where is the bank?", "Hi!"], padding=True, return_tensors="pt"))

@@ -1,4 +1,4 @@
-"""The depth study (training/depth_study.py, ``minibert depth-study``): the plan's budgets, a tiny study end
+"""The depth study (runs/depth_study.py, ``minibert depth-study``): the plan's budgets, a tiny study end
 to end (runs, measures, figures, study.json), picking up where it stopped, and its errors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import POS_SAMPLE, cli_error
 from minibert import InputError
-from minibert.training.depth_study import DepthStudyConfig, bert_config, plan, run_study, summary_rows
+from minibert.runs.depth_study import DepthStudyConfig, bert_config, plan, run_study, summary_rows
 
 TINY = DepthStudyConfig(depths=(1, 2), hidden=32, heads=2, intermediate=64, steps=4, reference_depth=2,
                         budgets=("steps",), seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=6,
@@ -125,8 +125,8 @@ def test_cut_vs_grown_compares_the_deepest_model_cut_with_grown_and_distilled_on
 
     from minibert.models.pretraining import BertForMaskedLM
     from minibert.tokenizer import BertTokenizer
-    from minibert.training.depth_study import cut_vs_grown, plot_study
-    from minibert.training.pipelines.pretrain import held_examples
+    from minibert.runs.depth_study import cut_vs_grown, plot_study
+    from minibert.runs.pretrain import held_examples
     from minibert.training.pretrain import evaluate
 
     out = tmp_path / "study"

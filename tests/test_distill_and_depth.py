@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from conftest import usage_error, cli_error, hf_config, random_hf_model
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer, InputError
 from minibert.training import depth, distill
-from minibert.training.pipelines import distill as distill_pipeline
+from minibert.runs import distill as distill_pipeline
 from minibert.training.data import classification_batches
 from minibert.training.loop import FitConfig, fit
+from minibert.tools.encode import encode_texts
 
 TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -172,7 +173,7 @@ def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir
     held = (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n")[:60]
     student = distill.init_student(teacher, [0, 2, 4]).train()
     teacher_weights = {k: v.clone() for k, v in teacher.state_dict().items()}
-    before = distill.embedding_agreement(distill.embed(teacher, tok, held), distill.embed(student, tok, held))
+    before = distill.embedding_agreement(encode_texts(teacher, tok, held), encode_texts(student, tok, held))
     rates = []  # the dropout rate the student trains with (off by default), seen from inside its forward pass
     hook = student.encoder.blocks[0].dropout.register_forward_pre_hook(
         lambda module, args: rates.append((module.p, module.training)))
@@ -457,8 +458,7 @@ def test_layerdrop_skips_blocks_while_training_only(tiny_teacher_dir):
     with torch.no_grad():
         model(**batch)
     assert len(drop.dropped) == 200  # removed: no more draws
-    with pytest.warns(DeprecationWarning, match="LayerDrop"):
-        again = depth.layerdrop(model, 0.5, seed=3)  # the old name
+    again = depth.LayerDrop(model, 0.5, seed=3)
     with torch.no_grad():
         for _ in range(200):
             model(**batch)
@@ -478,7 +478,7 @@ def test_spread_blocks_keeps_the_top_block():
 
 
 def test_finetune_with_layerdrop_writes_a_prunable_model(tiny_encoder_dir, tmp_path):
-    from minibert.training.pipelines.finetune import finetune
+    from minibert.runs.finetune import finetune
 
     texts, labels = toy(32, seed=4)
     data = tmp_path / "d.csv"

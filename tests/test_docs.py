@@ -132,7 +132,8 @@ def test_every_results_page_names_its_machine():
         assert all(str(meta.get(k, "")).strip() for k in ("cpu", "threads", "software", "date", "command")), name
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", meta["date"]), name
         page = (ROOT / "docs" / "results" / (Path(name).stem.replace("_", "-") + ".md")).read_text()
-        assert f"| CPU | {meta['cpu']} |" in page and f"| date | {meta['date']} |" in page
+        kind = "GPU" if "GPU" in meta["cpu"] else "CPU"  # a GPU run's row says GPU, not CPU
+        assert f"| {kind} | {meta['cpu']} |" in page and f"| date | {meta['date']} |" in page
 
 
 def test_readme_is_short_and_starts_with_the_two_commands():
@@ -143,6 +144,21 @@ def test_readme_is_short_and_starts_with_the_two_commands():
     assert "pytest" in first_two[1]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert first_two[1] in ci  # CI runs the test command README gives
+
+
+TUTORIAL_WIDTH = 88  # what a code cell of the site shows without a scroll bar
+
+
+def test_tutorial_code_fits_the_page_and_says_nothing_on_stderr():
+    """A tutorial's code lines fit the page (its prose is wrapped by the site); and the libraries' noise --
+    download bars, tqdm's "IProgress not found" -- is switched off where a tutorial calls transformers."""
+    for path in sorted((ROOT / "docs" / "tutorials").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        wide = [n for n, line in enumerate(text.splitlines(), 1)
+                if len(line) > TUTORIAL_WIDTH and not line.lstrip().startswith("#")]
+        assert not wide, f"{path.name}: code lines over {TUTORIAL_WIDTH} characters: {wide}"
+        if "from_pretrained" in text and "import transformers" in text:
+            assert "transformers.logging.disable_progress_bar()" in text, path.name
 
 
 def test_every_tutorial_is_in_the_site_and_its_index():

@@ -247,17 +247,14 @@ def test_readable_model_compiles_without_graph_breaks():
     assert (a.last_hidden_state - b.last_hidden_state)[mask.bool()].abs().max() <= FACTOR * floor
 
 
-def test_prepacked_fp32_option_stays_close(minilm):
+def test_onednn_fp32_kernel_stays_close(minilm):
     model, tok = minilm
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     with torch.inference_mode():
         slow = model(**batch)
-        with pytest.warns(DeprecationWarning, match="fp32_kernel='onednn'"):
-            old_name = prepare(model, prepack_fp32=True)
-        fast, named = old_name(**batch), prepare(model, fp32_kernel="onednn")(**batch)
+        fast = prepare(model, fp32_kernel="onednn")(**batch)
     # oneDNN's fp32 kernels sum in yet another order: documented as up to 4x the floor (1.1e-5 on BERT-base)
     assert compare(slow, fast, batch["attention_mask"]) <= 4 * fp32_noise_floor(model, batch)
-    assert torch.equal(fast.last_hidden_state, named.last_hidden_state)  # two spellings of one kernel
     fastmod.release(model)
 
 
@@ -451,8 +448,8 @@ def test_fp32_kernel_is_checked(minilm):
     model, _ = minilm
     with pytest.raises(ValueError, match=r"fp32_kernel='mkl': use one of \('auto', 'linear', 'blocked', 'onednn'\)"):
         prepare(model, fp32_kernel="mkl")
-    with pytest.raises(ValueError, match="prepack_fp32=True is fp32_kernel='onednn'"):
-        prepare(model, fp32_kernel="linear", prepack_fp32=True)
+    with pytest.raises(TypeError, match="prepack_fp32"):  # the old spelling is gone
+        prepare(model, prepack_fp32=True)
 
 
 def test_rows_without_real_tokens(minilm):

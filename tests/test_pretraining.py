@@ -340,7 +340,7 @@ RUN = """
 import os, signal, sys, torch
 from minibert import BertTokenizer
 from minibert.training.pretrain import PretrainConfig
-from minibert.training.pipelines.pretrain import run_pretraining
+from minibert.runs.pretrain import run_pretraining
 corpus, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "kill":
     import minibert.training.pretrain as P

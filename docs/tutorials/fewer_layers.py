@@ -20,6 +20,7 @@ import torch
 import minibert
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer
 from minibert.tools.surgery import keep_blocks
+from minibert.tools.encode import encode_texts
 from minibert.training import depth, distill
 from minibert.training.data import classification_batches
 from minibert.training.datasets import read_table
@@ -27,7 +28,9 @@ from minibert.training.loop import FitConfig, fit
 
 root = Path(minibert.__file__).resolve().parents[1]
 folder = root / "weights" / "all-MiniLM-L6-v2"
-spec = importlib.util.spec_from_file_location("fetch_data", root / "data" / "fetch_data.py")
+spec = importlib.util.spec_from_file_location(
+    "fetch_data", root / "data" / "fetch_data.py"
+)
 fetch_data = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fetch_data)
 tokenizer = BertTokenizer.from_pretrained(folder)
@@ -40,20 +43,35 @@ tokenizer = BertTokenizer.from_pretrained(folder)
 # sees: the Spearman correlation of all pairwise cosines between the two models, on held-out sentences.
 
 # %%
-sentences = (fetch_data.fetch_sentences() / "train.txt").read_text(encoding="utf-8").split("\n")
+sentences = (
+    (fetch_data.fetch_sentences() / "train.txt").read_text(encoding="utf-8").split("\n")
+)
 sentences = [s for s in sentences if s.strip()]
 rng = random.Random(0)
 rng.shuffle(sentences)
 train_texts, held_texts = sentences[:3000], sentences[3000:3200]
 teacher = BertModel.from_pretrained(folder, mlm_head=False).eval()
 student = distill.init_student(teacher, [0, 2, 5])
-reference = distill.embed(teacher, tokenizer, held_texts, normalize=True)
-before = distill.embedding_agreement(reference, distill.embed(student, tokenizer, held_texts, normalize=True))
-history = distill.distill_embeddings(teacher, student, tokenizer, train_texts, eval_texts=held_texts, normalize=True,
-                                     cache_teacher=True, config=FitConfig(epochs=1, lr=5e-4, progress=False))
+reference = encode_texts(teacher, tokenizer, held_texts, normalize=True)
+before = distill.embedding_agreement(
+    reference, encode_texts(student, tokenizer, held_texts, normalize=True)
+)
+history = distill.distill_embeddings(
+    teacher,
+    student,
+    tokenizer,
+    train_texts,
+    eval_texts=held_texts,
+    normalize=True,
+    cache_teacher=True,
+    config=FitConfig(epochs=1, lr=5e-4, progress=False),
+)
 after = history.epochs[-1]["eval"]
-print(f"Spearman agreement with the teacher: {before['spearman']:.3f} before, {after['spearman']:.3f} after "
-      f"one epoch on {len(train_texts)} sentences; top-10 overlap {after['top_k_overlap']:.3f}")
+print(
+    f"Spearman agreement with the teacher: {before['spearman']:.3f} before, "
+    f"{after['spearman']:.3f} after one epoch on {len(train_texts)} sentences; "
+    f"top-10 overlap {after['top_k_overlap']:.3f}"
+)
 assert after["spearman"] > before["spearman"]
 
 # %% [markdown]
@@ -69,13 +87,20 @@ trec = fetch_data.fetch_trec()
 train, test = read_table(trec / "train.csv"), read_table(trec / "test.csv")
 chosen = random.Random(0).sample(range(len(train.texts)), 600)
 names = sorted(set(train.labels))
-batches = classification_batches(tokenizer, [train.texts[i] for i in chosen],
-                                 [names.index(train.labels[i]) for i in chosen], batch_size=16, max_length=48)
+batches = classification_batches(
+    tokenizer,
+    [train.texts[i] for i in chosen],
+    [names.index(train.labels[i]) for i in chosen],
+    batch_size=16,
+    max_length=48,
+)
 
 
 def accuracy(model) -> float:
     predicted = model.predict(test.texts, tokenizer=tokenizer, max_length=48)
-    return sum(p["label"] == y for p, y in zip(predicted, test.labels)) / len(test.labels)
+    return sum(p["label"] == y for p, y in zip(predicted, test.labels)) / len(
+        test.labels
+    )
 
 
 models = {}
@@ -90,7 +115,10 @@ kept = depth.spread_blocks(6, 3)
 pruned = {}
 for name, model in models.items():
     pruned[name] = accuracy(keep_blocks(model, kept))
-    print(f"{name:>14}: 6 blocks {accuracy(model):.3f}   blocks {kept} only {pruned[name]:.3f}")
+    print(
+        f"{name:>14}: 6 blocks {accuracy(model):.3f}   "
+        f"blocks {kept} only {pruned[name]:.3f}"
+    )
 assert pruned["LayerDrop 0.2"] > pruned["plain"]
 
 # %% [markdown]
@@ -107,10 +135,15 @@ per_exit = depth.exit_accuracies(ee, tokenizer, test.texts, test.labels, max_len
 print("accuracy of each exit:", [round(a, 3) for a in per_exit])
 curve = []
 for threshold in (0.0, 0.2, 0.5, 1.0):
-    predicted, exits = ee.predict(test.texts, tokenizer=tokenizer, entropy=threshold, max_length=48)
+    predicted, exits = ee.predict(
+        test.texts, tokenizer=tokenizer, entropy=threshold, max_length=48
+    )
     acc = sum(p == y for p, y in zip(predicted, test.labels)) / len(test.labels)
     curve.append((sum(exits) / len(exits) + 1, acc))
-    print(f"entropy < {threshold}: {curve[-1][0]:.2f} blocks on average, accuracy {acc:.3f}")
+    print(
+        f"entropy < {threshold}: {curve[-1][0]:.2f} blocks on average, "
+        f"accuracy {acc:.3f}"
+    )
 plt.figure(figsize=(5, 3))
 plt.plot([b for b, _ in curve], [a for _, a in curve], "o-")
 plt.xlabel("blocks run (average)")

@@ -27,13 +27,19 @@ tokenizer = BertTokenizer.from_pretrained(folder)
 # probabilities it caches are the ones the model returns with `output_attentions=True`.
 
 # %%
-batch = tokenizer(["The quick brown fox jumps over the lazy dog near the river bank today."], return_tensors="pt")
+batch = tokenizer(
+    ["The quick brown fox jumps over the lazy dog near the river bank today."],
+    return_tensors="pt",
+)
 with torch.inference_mode():
     out, cache = hooks.run_with_cache(model, **batch, names="blocks.*.attn.probs")
     plain = model(**batch, output_attentions=True)
-probs = cache.stack("attn.probs")[:, 0]                    # (layers, heads, T, T) for the one sentence
+# (layers, heads, T, T) for the one sentence
+probs = cache.stack("attn.probs")[:, 0]
 print(probs.shape)
-assert all(torch.equal(probs[i], plain.attentions[i][0]) for i in range(len(plain.attentions)))
+assert all(
+    torch.equal(probs[i], plain.attentions[i][0]) for i in range(len(plain.attentions))
+)
 
 # %% [markdown]
 # ## Previous-token heads
@@ -42,7 +48,8 @@ assert all(torch.equal(probs[i], plain.attentions[i][0]) for i in range(len(plai
 # below the diagonal. Score each head by that weight:
 
 # %%
-prev = probs.diagonal(offset=-1, dim1=-2, dim2=-1)         # (layers, heads, T-1): weight on token t-1
+# (layers, heads, T-1): weight on token t-1
+prev = probs.diagonal(offset=-1, dim1=-2, dim2=-1)
 score = prev[..., 1:-1].mean(-1)                           # leave out [SEP]'s row
 plt.figure(figsize=(6, 3))
 plt.imshow(score, cmap="magma", vmin=0, vmax=1)
@@ -76,9 +83,12 @@ with torch.inference_mode():
     before = model(**batch)
     with hooks.ablate_heads(model, score > 0.3):
         ablated = model(**batch)
-    again = model(**batch)                                  # outside the block: the model as it was
+    # outside the block: the model as it was
+    again = model(**batch)
 moved = (ablated.last_hidden_state - before.last_hidden_state).norm(dim=-1)[0]
-print("change of each token's last-layer vector:", [round(v, 2) for v in moved.tolist()])
+print(
+    "change of each token's last-layer vector:", [round(v, 2) for v in moved.tolist()]
+)
 assert torch.equal(again.last_hidden_state, before.last_hidden_state)
 assert moved.max() > 0
 
@@ -94,7 +104,9 @@ assert moved.max() > 0
 clean_batch = tokenizer(["The tower is in Paris, France."], return_tensors="pt")
 corrupted_batch = tokenizer(["The tower is in Rome, France."], return_tensors="pt")
 assert clean_batch["input_ids"].shape == corrupted_batch["input_ids"].shape
-differ = (clean_batch["input_ids"] != corrupted_batch["input_ids"]).nonzero()[:, 1].tolist()
+differ = (
+    (clean_batch["input_ids"] != corrupted_batch["input_ids"]).nonzero()[:, 1].tolist()
+)
 with torch.inference_mode():
     _, clean = hooks.run_with_cache(model, **clean_batch)
     clean_out = model(**clean_batch).last_hidden_state
@@ -104,7 +116,10 @@ with torch.inference_mode():
             patched = model(**corrupted_batch).last_hidden_state
         gap_before = (corrupt_out - clean_out).norm().item()
         gap_after = (patched - clean_out).norm().item()
-        print(f"patch position {position}: distance to the clean run {gap_before:.2f} -> {gap_after:.2f}")
+        print(
+            f"patch position {position}: distance to the clean run "
+            f"{gap_before:.2f} -> {gap_after:.2f}"
+        )
         if position == differ[0]:
             assert gap_after < gap_before
 

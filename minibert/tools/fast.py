@@ -408,23 +408,16 @@ class FastBert:
     made of; padded batches run as usual."""
 
     def __init__(self, model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-                 cuda_graphs: bool = False, prepack_fp32: bool = False):
+                 cuda_graphs: bool = False):
         if not isinstance(model, BertModel):
             raise TypeError(f"fast.prepare takes a minibert BertModel, got {type(model).__name__}")
         if fp32_kernel not in FP32_KERNELS:
             raise InputError(f"fp32_kernel={fp32_kernel!r}: use one of {FP32_KERNELS}")
-        if prepack_fp32 and fp32_kernel != "auto":
-            raise InputError(f"prepack_fp32=True is fp32_kernel='onednn'; it cannot go with fp32_kernel={fp32_kernel!r}")
-        if prepack_fp32:
-            import warnings
-
-            warnings.warn("prepack_fp32=True is fp32_kernel='onednn': say that (prepack_fp32 will go)",
-                          DeprecationWarning, stacklevel=3)
         for name, value in (("tf32", tf32), ("cuda_graphs", cuda_graphs)):
             if not isinstance(value, bool):
                 raise InputError(f"{name}={value!r}: pass True or False")
         self.model = model
-        self.fp32_kernel = "onednn" if prepack_fp32 else fp32_kernel
+        self.fp32_kernel = fp32_kernel
         self.attention = varlen.check_route(attention)
         self.tf32 = tf32
         self.graphs = GraphCache() if cuda_graphs else None
@@ -581,16 +574,15 @@ class _tf32:
 
 
 def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-            cuda_graphs: bool = False, prepack_fp32: bool = False) -> FastBert:
+            cuda_graphs: bool = False) -> FastBert:
     """The fast path for ``model``: ``fast = prepare(model); out = fast(**batch)``. Cheap to call again:
     the weight copies are made on first use and shared by every FastBert of the same model and options.
     ``fp32_kernel``: ``"auto"`` (each product on the route measured fastest on this CPU, see
     ``tools/kernels.py``), ``"linear"`` (F.linear, no weight copies but the fused QKV), ``"blocked"``
     (oneDNN in F.linear's summation order where this CPU has one, else F.linear) or ``"onednn"``
-    (oneDNN's own order; the deprecated ``prepack_fp32=True`` says the same) -- see the module docstring.
+    (oneDNN's own order) -- see the module docstring.
     ``attention``, ``tf32`` and ``cuda_graphs``: see ``FastBert``."""
-    return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, cuda_graphs=cuda_graphs,
-                    prepack_fp32=prepack_fp32)
+    return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, cuda_graphs=cuda_graphs)
 
 
 def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,

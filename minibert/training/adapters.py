@@ -48,12 +48,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_fraction, check_index, check_positive
+from ..checks import check_fraction, check_index, check_positive, encoder_of
 from ..errors import InputError
 from ..hookpoints import HookPoint
 from .lora import LoRAPair
 
 KINDS = ("houlsby", "pfeiffer", "prefix", "lora")
+GOES_ON = "task modules go on"  # how a refused model is told (checks.encoder_of)
 NONLINEARITIES = {"swish": F.silu, "silu": F.silu, "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh}
 INITS = ("identity", "bert", "houlsby")
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
@@ -210,6 +211,17 @@ class TaskModules(nn.Module):
         state["_prefixes"] = None
         return state
 
+    def refuses(self, doing: str) -> str | None:  # checks.check_parts asks before a save or int8
+        if doing == "save" and len(self.tasks):
+            return (f"task modules ({', '.join(self.tasks)}: adapters, prefixes or LoRA added by "
+                    "minibert.training.adapters), which a BERT checkpoint has no names for: save each with "
+                    "save_adapter, and the base (remove_adapter each first) with save_pretrained")
+        lora = [name for name, task in self.tasks.items() if task.kind == "lora"]
+        if doing == "int8" and lora:
+            return (f"LoRA task modules ({', '.join(lora)}) act through torch forward hooks on the linear layers, "
+                    "which the int8 layers would drop: remove them (remove_adapter) first; adapters and prefixes stay")
+        return None
+
     def current(self, kind=None):
         task = self.tasks[self.active] if self.active is not None else None
         if task is None or (kind is not None and task.kind not in kind):
@@ -250,16 +262,6 @@ class TaskModules(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ the API
-def encoder_of(model) -> nn.Module:
-    """The encoder of a model or of a task head (``model.bert``)."""
-    from ..model import BertModel
-
-    encoder = getattr(model, "bert", model)
-    if not isinstance(encoder, BertModel):
-        raise InputError(f"task modules go on a minibert BertModel or a task head built on one, not {type(model).__name__}")
-    return encoder
-
-
 def _container(encoder, create: bool) -> TaskModules | None:
     found = getattr(encoder, "task_modules", None)
     if found is None and create:
@@ -277,7 +279,7 @@ def base_fingerprint(model) -> str:
     """sha256 of the base's own tensors (task modules left out): what a saved task module was trained on."""
     from ..tools.fingerprint import weights_fingerprint
 
-    return weights_fingerprint(encoder_of(model), skip=("task_modules.",))
+    return weights_fingerprint(encoder_of(model, GOES_ON), skip=("task_modules.",))
 
 
 def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | None = 64,
@@ -294,7 +296,7 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
     prefix: ``prefix_length`` P, ``prefix_bottleneck`` (the MLP's width), ``flat`` (no MLP), ``dropout``.
     lora: ``r``, ``alpha``, ``dropout``, ``targets`` (as ``training.lora.lora_targets``). The random parts
     are drawn from a generator seeded with ``seed`` (None: torch's global one). Returns the model."""
-    encoder = encoder_of(model)
+    encoder = encoder_of(model, GOES_ON)
     config = encoder.config
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"adapter name {name!r}: use a Python identifier (letters, digits, _), e.g. 'trec'")
@@ -418,12 +420,12 @@ def check_module_cost(config, kind: str, *, what: str, **sizes) -> int:
 
 def task_names(model) -> list[str]:
     """The task modules of ``model``, in the order they were added."""
-    container = _container(encoder_of(model), create=False)
+    container = _container(encoder_of(model, GOES_ON), create=False)
     return [] if container is None else list(container.tasks)
 
 
 def active_task(model) -> str | None:
-    container = _container(encoder_of(model), create=False)
+    container = _container(encoder_of(model, GOES_ON), create=False)
     return None if container is None else container.active
 
 
@@ -431,7 +433,7 @@ def set_active(model, name: str | None):
     """Make task module ``name`` the one the model runs -- and the one that trains: its parameters require
     gradients, the other task modules' do not (the base stays as it is). None: the plain base. Nothing is
     copied or reloaded: the hooks read the new name on the next forward pass."""
-    container = _container(encoder_of(model), create=False)
+    container = _container(encoder_of(model, GOES_ON), create=False)
     names = [] if container is None else list(container.tasks)
     if name is not None and name not in names:
         raise InputError(f"no task module named {name!r}; this model has {names or 'none'}")
@@ -445,7 +447,7 @@ def set_active(model, name: str | None):
 
 def remove_adapter(model, name: str):
     """Remove task module ``name`` (the hooks stay and do nothing for it)."""
-    container = _container(encoder_of(model), create=False)
+    container = _container(encoder_of(model, GOES_ON), create=False)
     if container is None or name not in container.tasks:
         raise InputError(f"no task module named {name!r}; this model has {task_names(model) or 'none'}")
     del container.tasks[name]
@@ -458,7 +460,7 @@ def remove_adapter(model, name: str):
 def flatten_prefix(model, name: str | None = None):
     """Fold a prefix task's reparameterisation MLP away: its keys and values computed once, kept as
     parameters (what inference and ``save_adapter`` use). ``name``: the active task by default."""
-    container = _container(encoder_of(model), create=False)
+    container = _container(encoder_of(model, GOES_ON), create=False)
     name = name if name is not None else (container.active if container else None)
     task = container.tasks[name] if container is not None and name in container.tasks else None
     if task is None or task.kind != "prefix":
@@ -481,7 +483,7 @@ def save_adapter(model, name: str, directory) -> Path:
 
     from ..textfiles import atomic_dir
 
-    encoder = encoder_of(model)
+    encoder = encoder_of(model, GOES_ON)
     container = _container(encoder, create=False)
     if container is None or name not in container.tasks:
         raise InputError(f"no task module named {name!r}; this model has {task_names(model) or 'none'}")
@@ -620,7 +622,7 @@ def load_adapter(model, directory, *, name: str | None = None, activate: bool = 
     directory = Path(directory)
     record = read_adapter_config(directory)
     check_module_config(directory, record)
-    encoder = encoder_of(model)
+    encoder = encoder_of(model, GOES_ON)
     check_base_config(directory, record, encoder.config)
     if check_base and record.get("base_fingerprint") != base_fingerprint(encoder):
         base = record.get("base_source") or "unknown"
@@ -689,8 +691,8 @@ def task_head(base, directory, *, activate: bool = True, name: str | None = None
                          f"({', '.join(heads.TASK_CLASSES)})")
     if not isinstance(info.get("id2label"), dict):
         raise InputError(f"{Path(directory).resolve() / CONFIG_FILE}: head.id2label must be an object (index -> label)")
-    check_base_config(directory, record, encoder_of(base).config)
-    encoder = encoder_of(base)
+    check_base_config(directory, record, encoder_of(base, GOES_ON).config)
+    encoder = encoder_of(base, GOES_ON)
     config = copy.deepcopy(encoder.config)
     config.id2label = {int(k): v for k, v in info["id2label"].items()}
     config.problem_type = info.get("problem_type")

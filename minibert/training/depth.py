@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..models.heads import BertForSequenceClassification, init_head, problem_type, sequence_loss
 from ..tools.batching import text_batches
 from ..tools.pooling import pool
-from ..checks import check_fraction, check_index, check_positive
+from ..checks import check_fraction, check_index, check_positive, encoder_of
 from ..tools.fast import Stepper
 
 
@@ -54,7 +54,7 @@ class LayerDrop:
 
     def __init__(self, model: nn.Module, p: float, *, seed: int = 0):
         check_fraction("LayerDrop p", p)
-        self.encoder = getattr(model, "bert", model)
+        self.encoder = encoder_of(model)
         self.p = float(p)
         self.generator = torch.Generator().manual_seed(seed)
         self.dropped: list[list[int]] = []  # the blocks skipped on each training pass (the last 1000)
@@ -75,15 +75,6 @@ class LayerDrop:
 
     def remove(self) -> None:
         self.handle.remove()
-
-
-def layerdrop(model: nn.Module, p: float, *, seed: int = 0) -> LayerDrop:
-    """Deprecated: ``LayerDrop(model, p, seed=seed)`` says the same (the class is what it returns)."""
-    import warnings
-
-    warnings.warn("depth.layerdrop(model, p) is LayerDrop(model, p): call the class (layerdrop() will go)",
-                  DeprecationWarning, stacklevel=2)
-    return LayerDrop(model, p, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------- early exit
@@ -346,12 +337,3 @@ def curve_table(rows: list[dict]) -> str:
                      f"{r['speedup']:.2f}x ({low:.2f}-{high:.2f}) |")
     return "\n".join(lines)
 
-
-def __getattr__(name: str):  # the from-files pipeline that lived here: minibert.training.pipelines.exits
-    if name == "train_exits":
-        import importlib
-
-        from .. import moved
-
-        return importlib.import_module(moved(f"{__name__}.train_exits", "minibert.training.pipelines.exits")).train_exits
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

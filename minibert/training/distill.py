@@ -29,16 +29,15 @@ student trains under bf16 autocast; for long embedding runs its vectors can be c
     from minibert.training.distill import init_student, distill_embeddings, embedding_agreement
     student = init_student(teacher, blocks=[0, 2, 4])                   # 6 -> 3 blocks
     distill_embeddings(teacher, student, tokenizer, texts, config=FitConfig(epochs=1, lr=1e-4))
-    embedding_agreement(embed(teacher, tok, held), embed(student, tok, held))  # {"spearman", "top_k_overlap", ...}
+    embedding_agreement(encode_texts(teacher, tok, held), encode_texts(student, tok, held))  # {"spearman", "top_k_overlap", ...}
 
-``minibert distill`` runs both modes from files: ``minibert.training.pipelines.distill`` (``distill_corpus``,
-``distill_task``; still reachable from here).
+``minibert distill`` runs both modes from files: ``minibert.runs.distill`` (``distill_corpus``,
+``distill_task``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -51,11 +50,11 @@ from torch import nn
 from ..tools.pooling import pool
 from ..errors import InputError
 from ..models.heads import problem_type
-from ..checks import check_fraction, check_index
+from ..checks import check_fraction, check_index, encoder_of
 from ..model import BertModel
 from ..tools import fast
 from ..tools.batching import collate
-from ..tools.encode import encode_texts, encoder_of
+from ..tools.encode import encode_texts
 from ..tools.surgery import check_dropout, dropout, keep_blocks
 from . import metrics
 from .data import _epoch_rows
@@ -391,14 +390,6 @@ def augment_texts(texts: Sequence[str], n: int, *, seed: int = 0, drop: float = 
     return out
 
 
-def embed(model: BertModel, tokenizer, texts: Sequence[str], *, pooling: str = "mean", normalize: bool = False,
-          batch_size: int = 64, max_length: int | None = 128) -> torch.Tensor:
-    """Pooled sentence vectors (len(texts), H) float32 on the fast path, batched in length order
-    (``tools.encode.encode_texts``)."""
-    return encode_texts(model, tokenizer, texts, pooling=pooling, normalize=normalize, batch_size=batch_size,
-                        max_length=max_length)
-
-
 def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Tensor, *, k: int = 10) -> dict:
     """How alike two embeddings of the same n texts are, as a user of the vectors sees it:
     ``spearman``: rank correlation of the two models' pairwise cosine similarities (all n(n-1)/2 pairs);
@@ -450,15 +441,15 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
                                    attention_weight=attention_weight, layer_map=layer_map)
     evaluate, reference = None, None
     if eval_texts:
-        reference = embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length)
+        reference = encode_texts(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length)
 
         def evaluate(m):
-            return embedding_agreement(reference, embed(m.student, tokenizer, eval_texts, pooling=pooling,
+            return embedding_agreement(reference, encode_texts(m.student, tokenizer, eval_texts, pooling=pooling,
                                                         max_length=max_length), k=k)
     targets = None
     if cache_teacher:
         started = time.perf_counter()
-        targets = embed(teacher, tokenizer, texts, pooling=pooling, max_length=max_length)  # (N, H), fp32
+        targets = encode_texts(teacher, tokenizer, texts, pooling=pooling, max_length=max_length)  # (N, H), fp32
         if log is not None:
             log(f"teacher vectors of {len(texts):,} texts computed once: {time.perf_counter() - started:.1f} s")
     batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed,
@@ -467,14 +458,3 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
         return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
                    out_dir=out_dir, on_epoch_end=epoch_reporter(log, config.epochs, loss_digits=5))
 
-
-#: the from-files pipelines that lived here: minibert.training.pipelines.distill (reachable here, with a warning)
-_PIPELINES = ("distill_corpus", "distill_task", "split_held_out", "CorpusRun")
-
-
-def __getattr__(name: str):
-    if name in _PIPELINES:
-        from .. import moved
-
-        return getattr(importlib.import_module(moved(f"{__name__}.{name}", "minibert.training.pipelines.distill")), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ import re
 import torch
 from torch import nn
 
-from ..checks import check_positive
+from ..checks import check_positive, encoder_of
 from ..errors import InputError
 
 
@@ -78,6 +78,16 @@ class LoRALinear(LoRAPair):
 
     def forward(self, x):  # (..., in)
         return self.base(x) + self.update(x)  # (..., out)
+
+    def refuses(self, doing: str) -> str | None:  # checks.check_parts asks before a save or int8
+        if doing == "save":
+            return ("a LoRA layer, which a BERT checkpoint has no names for: fold them in with "
+                    "minibert.training.lora.merge_lora(model) and save that, or save the adapters alone with "
+                    "save_adapters")
+        if doing == "int8":
+            return ("a LoRA layer: int8 quantises plain linear layers (fold LoRA in first: "
+                    "minibert.training.lora.merge_lora)")
+        return None
 
     def merged(self) -> nn.Linear:
         """A plain nn.Linear computing the same function: W + (alpha / r) B A (no bias if the base has none)."""
@@ -163,7 +173,7 @@ def apply_lora(model: nn.Module, *, r: int = 8, alpha: float = 16.0, dropout: fl
     Modules whose attribute name is in ``train`` (the task head) stay trainable. An int8 model is refused
     (LoRA trains fp32 weights: adapt, merge, then quantise)."""
     check_positive("r", r, "the rank")
-    if getattr(model, "quantized", None) or getattr(getattr(model, "bert", None), "quantized", None):
+    if getattr(encoder_of(model), "quantized", None):
         raise InputError("this model is int8-quantised (inference only): apply LoRA to the fp32 model, "
                          "merge_lora, then quantise")
     names = lora_targets(model, targets)

@@ -24,21 +24,21 @@ import copy
 import dataclasses
 from typing import Callable
 
-from ...checks import check_max_length
-from ...errors import InputError
-from ...hardware import training_device
-from ...loading import copy_tokenizer, load_model
-from ...models import BertModel
-from ...models.heads import BertForSequenceClassification, BertForTokenClassification
-from ...tokenizer import BertTokenizer
-from .. import ddp
-from ..depth import LayerDrop
-from ..adapters import add_adapter, save_adapter
-from ..lora import apply_lora
-from ..lora import merge_lora as merged_lora
-from ..loop import FitConfig, History, fit
-from ..recipes import ScalarMixClassifier, gradual_unfreezing
-from ..loop import epoch_reporter
+from ..checks import check_max_length
+from ..errors import InputError
+from ..hardware import training_device
+from ..loading import copy_tokenizer, load_model
+from ..models import BertModel
+from ..models.heads import BertForSequenceClassification, BertForTokenClassification
+from ..tokenizer import BertTokenizer
+from ..training import ddp
+from ..training.depth import LayerDrop
+from ..training.adapters import add_adapter, save_adapter
+from ..training.lora import apply_lora
+from ..training.lora import merge_lora as merged_lora
+from ..training.loop import FitConfig, History, fit
+from ..training.recipes import ScalarMixClassifier, gradual_unfreezing
+from ..training.loop import epoch_reporter
 from .skeleton import (TASK_METRIC, begin_fit, check_labels, check_length, finished_history, read_task_data,
                        resolved, run_folder)
 
@@ -88,9 +88,9 @@ def finetune(train_path, eval_path, model_source, out_dir, *, task: str = "class
     ``out_dir`` follows the output-folder rule (``outputs.RunFolder``): not the model folder it reads, empty
     or new unless ``config.resume`` (the unfinished run there goes on, same settings; a finished one is
     returned as it is) or ``overwrite``. Everything is checked before anything is created."""
-    from ...checks import check_fraction
-    from ...loading import read_config
-    from ..adapters import check_module_cost, check_sizes
+    from ..checks import check_fraction
+    from ..loading import read_config
+    from ..training.adapters import check_module_cost, check_sizes
 
     if task not in TASKS:
         raise InputError(f"task {task!r}: use one of {TASKS}")

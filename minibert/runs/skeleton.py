@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ...checks import check_max_length, model_limit
-from ...errors import InputError
-from .. import metrics
-from ..data import classification_batches, tag_words, tagging_batches
-from ..datasets import read_table, read_tagged
-from ..loop import STATE_FILE, History
+from ..checks import check_max_length, model_limit
+from ..errors import InputError
+from ..training import metrics
+from ..training.data import classification_batches, tag_words, tagging_batches
+from ..training.datasets import read_table, read_tagged
+from ..training.loop import STATE_FILE, History
 
 #: what each task keeps the best epoch by (tags: by their scheme, see ``TaskData.metric``)
 TASK_METRIC = {"classify": "accuracy", "regress": "pearson", "tag": "entity_f1"}
@@ -22,8 +22,8 @@ def run_folder(out_dir, command: str, *, reads: dict, config, overwrite: bool = 
     """The output folder of a pipeline that runs ``fit``, checked before any work by the output-folder rule
     (``outputs.RunFolder``: not a model folder it reads, empty or new unless ``config.resume`` or
     ``overwrite``); under torchrun the first process alone takes it. ``claim()`` it around the writing."""
-    from ...outputs import RunFolder
-    from .. import ddp
+    from ..outputs import RunFolder
+    from ..training import ddp
 
     return RunFolder(out_dir, command=command, reads=reads, resume=config.resume, overwrite=overwrite,
                      writer=ddp.rank() == 0)
@@ -60,7 +60,7 @@ def begin_fit(run, config, log: Callable[[str], None] | None) -> None:
 def _resumable_epoch(out_dir) -> int:
     """The last finished epoch of a run ``fit`` can resume (metrics.json counts them, training_state.pt holds
     the state); 0 when there is none."""
-    from ...textfiles import read_json
+    from ..textfiles import read_json
 
     path = Path(out_dir) / "metrics.json"
     if not path.exists() or not (Path(out_dir) / STATE_FILE).exists():
@@ -74,7 +74,7 @@ def _resumable_epoch(out_dir) -> int:
 def finished_history(out_dir, shown: str) -> History:
     """A finished run's History, read back from its metrics.json, with a warning that there was nothing to
     resume (and nothing is written)."""
-    from ...textfiles import read_json
+    from ..textfiles import read_json
 
     saved = read_json(Path(out_dir) / "metrics.json")
     history = History(**{k: saved.get(k) for k in ("epochs", "best_epoch", "best_metric", "metric")})

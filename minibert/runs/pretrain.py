@@ -22,14 +22,14 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ...config import BertConfig
-from ...errors import InputError
-from ...hardware import training_device
-from ...loading import copy_tokenizer
-from ...tokenizer import BertTokenizer
-from .. import ddp
-from ..pretrain import PretrainConfig, pretrain
-from ..pretrain_data import Examples, MaskingRule, MixedExamples, TokenStore, corpus_files
+from ..config import BertConfig
+from ..errors import InputError
+from ..hardware import training_device
+from ..loading import copy_tokenizer
+from ..tokenizer import BertTokenizer
+from ..training import ddp
+from ..training.pretrain import PretrainConfig, pretrain
+from ..training.pretrain_data import Examples, MaskingRule, MixedExamples, TokenStore, corpus_files
 from .skeleton import resolved
 
 #: Turc et al. 2019's miniatures: (layers, hidden)
@@ -79,10 +79,10 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
     or new unless ``resume`` (the unfinished run there goes on, same settings; a finished one has nothing
     to resume and is returned as it is) or ``overwrite`` (replaced). Every argument and file is checked
     before anything is created. Returns ``pretrain``'s summary."""
-    from ...checks import check_fraction, check_max_length
-    from ...models.pretraining import BertForMaskedLM, BertForPreTraining
-    from ...outputs import RunFolder
-    from ...tools.surgery import check_dropout, dropout as dropout_at
+    from ..checks import check_fraction, check_max_length
+    from ..models.pretraining import BertForMaskedLM, BertForPreTraining
+    from ..outputs import RunFolder
+    from ..tools.surgery import check_dropout, dropout as dropout_at
 
     # everything that can be checked without loading anything, before any file is created
     config.check()
@@ -201,7 +201,7 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
             teacher = copy.deepcopy(teacher).to(where)  # the caller's teacher stays where it is
         trained = net
         if teacher is not None:
-            from ..distill import MaskedLMDistiller
+            from ..training.distill import MaskedLMDistiller
 
             trained = MaskedLMDistiller(teacher, net, temperature=temperature, alpha=alpha)
         if log is not None:
@@ -225,7 +225,7 @@ CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", 
 
 def resume_hint(out_dir: Path, shown: str) -> str:
     """Where an interrupted pre-training run in ``out_dir`` can go on from, in words."""
-    from ..pretrain import checkpoints
+    from ..training.pretrain import checkpoints
 
     found = checkpoints(Path(out_dir))
     if found:
@@ -240,8 +240,8 @@ def check_training_memory(bert_config, config: PretrainConfig, max_length: int, 
     weights, gradients and AdamW's two moments (16 bytes a parameter), the activations autograd keeps for a
     micro-batch (``tools.accounting.activation_memory``) and the masked-LM logits at the ``mask`` share of
     the tokens -- and refuse one that cannot fit in this machine's memory (``hardware.check_memory``)."""
-    from ...hardware import check_memory
-    from ...tools.accounting import activation_memory, parameter_counts
+    from ..hardware import check_memory
+    from ..tools.accounting import activation_memory, parameter_counts
 
     params = parameter_counts(bert_config)["total"]
     weights = 16 * params

@@ -149,7 +149,7 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     from ..outputs import RunFolder
     from ..textfiles import input_file, read_conllu
     from ..tokenizer import BertTokenizer
-    from .pretrain_data import TokenStore, corpus_files
+    from ..training.pretrain_data import TokenStore, corpus_files
 
     config.check()
     if (task_train is None) != (task_eval is None):
@@ -245,7 +245,7 @@ def study_inputs(files, vocab, eval_files, conllu, task_train, task_eval) -> dic
     vocabulary's hash; None for a measure not asked for."""
     from ..tokenizer import BertTokenizer
     from ..tools.fingerprint import file_sha256
-    from .pretrain_data import vocabulary_hash
+    from ..training.pretrain_data import vocabulary_hash
 
     def entry(path):
         return None if path is None else {"path": str(Path(path).resolve()), "sha256": file_sha256(path)}
@@ -292,8 +292,8 @@ def _study_hint(shown: str, path: Path, total: int) -> str:
 
 def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, config: DepthStudyConfig,
                   log, teacher=None, device=None) -> dict:
-    from .pipelines.pretrain import run_pretraining
-    from .pretrain import PretrainConfig
+    from .pretrain import run_pretraining
+    from ..training.pretrain import PretrainConfig
 
     pconfig = PretrainConfig(steps=run.steps, batch_size=config.batch_size, lr=config.lr, warmup=config.warmup,
                              bf16=config.bf16, eval_every=run.steps, eval_examples=config.eval_examples,
@@ -349,8 +349,8 @@ def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task
         out.update(probe_accuracy=probe.accuracy, probe_control=probe.control_accuracy,
                    probe_selectivity=probe.selectivity, probe_best_layer=probe.best_layer)
     if task_train is not None:
-        from .loop import FitConfig
-        from .pipelines.finetune import finetune
+        from ..training.loop import FitConfig
+        from .finetune import finetune
 
         with warnings.catch_warnings():  # a masked-LM checkpoint has no pooler: the classifier starts a fresh one
             warnings.filterwarnings("ignore", message=".*has no pooler")
@@ -415,7 +415,7 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     {"teacher": run name, "depths": {"k": {arm: measures}}}. ``device``: where the distilled arm pre-trains
     and the task fine-tunes."""
     from ..outputs import RunFolder
-    from .pretrain_data import corpus_files
+    from ..training.pretrain_data import corpus_files
 
     out_dir = Path(out_dir)
     path = out_dir / "study.json"
@@ -443,8 +443,8 @@ def _cut_vs_grown(out_dir, path, results, config, inputs, files, vocab, eval_tex
     from ..textfiles import read_conllu
     from ..tokenizer import BertTokenizer
     from ..tools.surgery import truncate
-    from .pipelines.pretrain import held_examples
-    from .pretrain import evaluate
+    from .pretrain import held_examples
+    from ..training.pretrain import evaluate
 
     if "steps" not in config.budgets or len(config.depths) < 2:
         raise InputError(f"{path}: cut vs grown needs the equal-steps budget and two or more depths (the study has "

@@ -10,17 +10,18 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ...checks import check_max_length, model_limit
-from ...errors import InputError
-from ...inputs import check_index
-from ...loading import copy_tokenizer
-from ...models import BertModel
-from ...models.heads import BertForSequenceClassification, BertForTokenClassification
-from ...tokenizer import BertTokenizer
-from ...tools.surgery import check_dropout, dropout, freeze
-from ..distill import (TaskDistiller, augment_texts, default_blocks, distill_embeddings, embed, embedding_agreement,
+from ..checks import check_max_length, model_limit
+from ..errors import InputError
+from ..inputs import check_index
+from ..loading import copy_tokenizer
+from ..models import BertModel
+from ..models.heads import BertForSequenceClassification, BertForTokenClassification
+from ..tokenizer import BertTokenizer
+from ..tools.encode import encode_texts
+from ..tools.surgery import check_dropout, dropout, freeze
+from ..training.distill import (TaskDistiller, augment_texts, default_blocks, distill_embeddings, embedding_agreement,
                        init_student, parse_layer_map)
-from ..loop import FitConfig, History, epoch_reporter, fit
+from ..training.loop import FitConfig, History, epoch_reporter, fit
 from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
                        run_folder)
 
@@ -62,7 +63,7 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
     same folder settings (modules.json, pooling config, max_seq_length), so it embeds as its teacher does.
 
     ``out_dir`` follows the output-folder rule (``outputs.RunFolder``; ``config.resume``, ``overwrite``)."""
-    from ...compat.sentence import SentenceEncoder, is_sentence_folder
+    from ..compat.sentence import SentenceEncoder, is_sentence_folder
 
     config.check()
     folder = run_folder(out_dir, "distill", reads={"--teacher": teacher_source}, config=config, overwrite=overwrite)
@@ -124,8 +125,8 @@ def distill_corpus(teacher_source, texts: Sequence[str], out_dir, *, eval_texts:
             kept = run.finished_summary("run") or {}
             return CorpusRun(history, kept.get("before", {}), blocks, kept.get("held_out", len(eval_texts)), split,
                              pooling, normalize, settings is not None, kept.get("trained_on", len(texts)))
-        before = embedding_agreement(embed(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
-                                     embed(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
+        before = embedding_agreement(encode_texts(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length),
+                                     encode_texts(student, tokenizer, eval_texts, pooling=pooling, max_length=max_length), k=k)
         history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
                                      normalize=normalize, similarity_weight=similarity_weight,
                                      hidden_weight=hidden_weight, attention_weight=attention_weight,

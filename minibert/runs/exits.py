@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-from ...loading import copy_tokenizer
-from ...models.heads import BertForSequenceClassification
-from ...textfiles import read_json, write_text_atomic
-from ...tokenizer import BertTokenizer
-from ..depth import EarlyExit, curve_table, exit_accuracies, exit_curve
-from ..loop import FitConfig, epoch_reporter, fit
+from ..loading import copy_tokenizer
+from ..models.heads import BertForSequenceClassification
+from ..textfiles import read_json, write_text_atomic
+from ..tokenizer import BertTokenizer
+from ..training.depth import EarlyExit, curve_table, exit_accuracies, exit_curve
+from ..training.loop import FitConfig, epoch_reporter, fit
 from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
                        run_folder)
 
