@@ -62,6 +62,7 @@ from minibert.training.datasets import read_table  # noqa: E402
 
 from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
 from minibert.training.loop import FitConfig  # noqa: E402
+from minibert.runs.settings import DistillRun, ExitsRun, FinetuneRun  # noqa: E402
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
 PARTS = ("embeddings", "probes", "steps", "task", "layerdrop", "exits")
@@ -82,8 +83,8 @@ def teacher_dir(args, trec: Path) -> Path:
     """The TREC-6 teacher: MiniLM fine-tuned (full recipe, 3 epochs), made once and reused."""
     out = args.workdir / "trec-teacher"
     if not (out / "model.safetensors").exists():
-        tasks.finetune(args.train, trec / "test.csv", MODEL, out, config=FitConfig(epochs=args.epochs, progress=False),
-                       batch_size=BATCH, max_length=MAX_LENGTH, overwrite=True)
+        tasks.finetune(FinetuneRun(train=args.train, eval=trec / "test.csv", model=MODEL, out=out, epochs=args.epochs,
+                                   progress=False, batch_size=BATCH, max_length=MAX_LENGTH, overwrite=True))
     return out
 
 
@@ -245,17 +246,18 @@ def part_task(args, results):
     teacher = teacher_dir(args, trec)
     student_dir = args.workdir / "trec-distilled"
     if not (student_dir / "metrics.json").exists():
-        distill_pipeline.distill_task(args.train, trec / "test.csv", teacher, student_dir, student_blocks=[0, 2, 4],
-                             temperature=2.0, alpha=0.5, config=FitConfig(epochs=args.epochs, progress=False),
-                             batch_size=BATCH, max_length=MAX_LENGTH, overwrite=True)
+        distill_pipeline.distill_task(DistillRun(train=args.train, eval=trec / "test.csv", teacher=teacher,
+                                                 out=student_dir, student_blocks=[0, 2, 4], temperature=2.0, alpha=0.5,
+                                                 epochs=args.epochs, progress=False, batch_size=BATCH,
+                                                 max_length=MAX_LENGTH, overwrite=True))
     baseline_dir = args.workdir / "trec-3blocks-no-teacher"
     if not (baseline_dir / "metrics.json").exists():
         shallow = args.workdir / "minilm-3blocks"
         distill.init_student(BertModel.from_pretrained(MODEL, mlm_head=False), [0, 2, 4]).save_pretrained(shallow)
         copy_tokenizer(MODEL, shallow)
-        tasks.finetune(args.train, trec / "test.csv", shallow, baseline_dir,
-                       config=FitConfig(epochs=args.epochs, progress=False), batch_size=BATCH, max_length=MAX_LENGTH,
-                       overwrite=True)
+        tasks.finetune(FinetuneRun(train=args.train, eval=trec / "test.csv", model=shallow, out=baseline_dir,
+                                   epochs=args.epochs, progress=False, batch_size=BATCH, max_length=MAX_LENGTH,
+                                   overwrite=True))
     t_acc, t_epoch = best_accuracy(teacher)
     s_acc, s_epoch = best_accuracy(student_dir)
     b_acc, b_epoch = best_accuracy(baseline_dir)
@@ -285,9 +287,9 @@ def part_layerdrop(args, results):
     teacher = teacher_dir(args, trec)
     dropped = args.workdir / "trec-layerdrop"
     if not (dropped / "metrics.json").exists():
-        tasks.finetune(args.train, trec / "test.csv", MODEL, dropped, layerdrop=args.p,
-                       config=FitConfig(epochs=args.ld_epochs or args.epochs, progress=False), batch_size=BATCH,
-                       max_length=MAX_LENGTH, overwrite=True)
+        tasks.finetune(FinetuneRun(train=args.train, eval=trec / "test.csv", model=MODEL, out=dropped, layerdrop=args.p,
+                                   epochs=args.ld_epochs or args.epochs, progress=False, batch_size=BATCH,
+                                   max_length=MAX_LENGTH, overwrite=True))
     test = read_table(trec / "test.csv")
     tokenizer = BertTokenizer.from_pretrained(teacher)
     table = []
@@ -315,9 +317,9 @@ def part_exits(args, results):
     for mode, joint in (("frozen", False),):
         directory = args.workdir / f"trec-exits-{mode}"
         if not (directory / "exits.json").exists():
-            exits.train_exits(teacher, args.train, trec / "test.csv", directory, joint=joint,
-                              config=FitConfig(epochs=2, lr=1e-3, progress=False), batch_size=BATCH,
-                              max_length=MAX_LENGTH, log=print, overwrite=True)
+            exits.train_exits(ExitsRun(model=teacher, train=args.train, eval=trec / "test.csv", out=directory,
+                                       joint=joint, epochs=2, lr=1e-3, progress=False, batch_size=BATCH,
+                                       max_length=MAX_LENGTH, overwrite=True), log=print)
         best = depth.EarlyExit.from_pretrained(directory)
         test = read_table(trec / "test.csv")
         tokenizer = BertTokenizer.from_pretrained(teacher)

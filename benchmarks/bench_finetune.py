@@ -33,7 +33,7 @@ from fetch_data import fetch_trec, fetch_wnut16  # noqa: E402
 from minibert import BertForSequenceClassification, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.runs import finetune as tasks  # noqa: E402
-from minibert.training.loop import FitConfig  # noqa: E402
+from minibert.runs.settings import FinetuneRun  # noqa: E402
 
 from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
 
@@ -69,13 +69,12 @@ def run_recipe(dataset: str, recipe: str, train: Path, test: Path, epochs: int, 
 def one_run(dataset: str, recipe: str, train: Path, test: Path, epochs: int, workdir: Path, args) -> dict:
     before = peak_mib()
     lr = args.lora_lr if recipe == "lora" else 1e-3 if recipe == "scalarmix" else 5e-5
-    config = FitConfig(epochs=epochs, lr=lr, progress=False, seed=0, bf16=args.bf16)
     out = workdir / f"{dataset}-{recipe}"
-    history = tasks.finetune(train, test, MODEL, out, task="tag" if dataset == "wnut16" else "classify",
-                             recipe=recipe, config=config, batch_size=16, max_length=64, lora_rank=args.lora_rank,
-                             lora_targets=args.lora_targets.split(","),
-                             log=lambda line: print(f"  {dataset} {recipe}: {line}", file=sys.stderr, flush=True),
-                             overwrite=True)
+    lora = {"lora_rank": args.lora_rank, "lora_targets": tuple(args.lora_targets.split(","))} if recipe == "lora" else {}
+    run = FinetuneRun(train=train, eval=test, model=MODEL, out=out, task="tag" if dataset == "wnut16" else "classify",
+                      recipe=recipe, epochs=epochs, lr=lr, progress=False, seed=0, bf16=args.bf16, batch_size=16,
+                      max_length=64, overwrite=True, **lora)
+    history = tasks.finetune(run, log=lambda line: print(f"  {dataset} {recipe}: {line}", file=sys.stderr, flush=True))
     metrics = json.loads((out / "metrics.json").read_text())
     trainable = _trainable(dataset, recipe, args)
     if recipe == "lora":

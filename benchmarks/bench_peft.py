@@ -82,17 +82,17 @@ def dataset_files(args, workdir: Path) -> dict:
 # ----------------------------------------------------------------------------------------------- runs
 def one_run(dataset: str, method: str, seed: int, train: Path, test: Path, epochs: int, workdir: Path,
             lr: float | None = None) -> dict:
-    from minibert.training.loop import FitConfig
     from minibert.runs.finetune import finetune
+    from minibert.runs.settings import FinetuneRun
 
     options, default_lr = METHODS[method]
     lr = lr or default_lr
     before = peak_mib()
     out = workdir / f"{dataset}-{method}-{seed}-lr{lr:g}"
-    history = finetune(train, test, MODEL, out, task="tag" if dataset == "wnut16" else "classify",
-                       config=FitConfig(epochs=epochs, lr=lr, seed=seed, progress=False), batch_size=16, max_length=64,
-                       log=lambda line: print(f"  {dataset} {method} {seed}: {line}", file=sys.stderr, flush=True),
-                       **options, overwrite=True)
+    run = FinetuneRun(train=train, eval=test, model=MODEL, out=out, task="tag" if dataset == "wnut16" else "classify",
+                      epochs=epochs, lr=lr, seed=seed, progress=False, batch_size=16, max_length=64, **options,
+                      overwrite=True)
+    history = finetune(run, log=lambda line: print(f"  {dataset} {method} {seed}: {line}", file=sys.stderr, flush=True))
     metrics = json.loads((out / "metrics.json").read_text())
     steps = sum(1 for _ in open(train, encoding="utf-8")) if dataset == "trec" else None
     written = written_bytes(out)

@@ -358,8 +358,8 @@ def part_downstream(args, work, results):
     from minibert.analysis.probing import probe_model
     from minibert.models import BertModel
     from minibert.textfiles import read_conllu
-    from minibert.training.loop import FitConfig
     from minibert.runs.finetune import finetune
+    from minibert.runs.settings import FinetuneRun
 
     run = ROOT / results["run"]["folder"]
     tokenizer = BertTokenizer.from_pretrained(run)
@@ -369,9 +369,9 @@ def part_downstream(args, work, results):
     rows = {}
     for name, folder in (("pre-trained", run), ("random init", random_dir)):
         probe = probe_model(BertModel.from_pretrained(folder), tokenizer, pos, progress=False)
-        history = finetune(trec / "train.csv", trec / "test.csv", str(folder), work / f"trec-{name}",
-                           config=FitConfig(epochs=args.epochs, lr=1e-4, seed=0, progress=False), batch_size=32,
-                           max_length=64, log=None, overwrite=True)
+        history = finetune(FinetuneRun(train=trec / "train.csv", eval=trec / "test.csv", model=str(folder),
+                                       out=work / f"trec-{name}", epochs=args.epochs, lr=1e-4, seed=0, progress=False,
+                                       batch_size=32, max_length=64, overwrite=True), log=None)
         rows[name] = {"upos_accuracy": probe.accuracy, "upos_control": probe.control_accuracy,
                       "upos_selectivity": probe.selectivity, "trec_accuracy": history.best_metric,
                       "trec_epochs": [e["eval"]["accuracy"] for e in history.epochs]}
@@ -441,14 +441,14 @@ def finetune_trec(source, lr: float, seed: int, epochs: int, split, out: Path, d
     """One TREC-6 fine-tuning of ``source`` (batch 32, 64 tokens) on ``split``'s training questions, the best
     epoch chosen on its dev questions; that epoch's accuracy on the test questions."""
     from minibert.models.heads import BertForSequenceClassification
-    from minibert.training.loop import FitConfig
     from minibert.runs.finetune import finetune
+    from minibert.runs.settings import FinetuneRun
     from minibert.runs.skeleton import read_task_data
 
     train, dev, test = split
     started = time.time()
-    history = finetune(train, dev, str(source), out, config=FitConfig(epochs=epochs, lr=lr, seed=seed, progress=False),
-                       batch_size=32, max_length=64, device=device, log=None, overwrite=True)
+    history = finetune(FinetuneRun(train=train, eval=dev, model=str(source), out=out, epochs=epochs, lr=lr, seed=seed,
+                                   progress=False, batch_size=32, max_length=64, device=device, overwrite=True), log=None)
     model = BertForSequenceClassification.from_pretrained(out, device=device)
     evaluate_test = read_task_data("classify", train, test).evaluator(BertTokenizer.from_pretrained(out), max_length=64)
     return {"dev": history.best_metric, "best_epoch": history.best_epoch,
@@ -826,8 +826,8 @@ def part_continued(args, work, results):
     agreement with the original on general sentences, against the original model; same seeds everywhere."""
     import fetch_data
     from minibert.training import distill
-    from minibert.training.loop import FitConfig
     from minibert.runs.finetune import finetune
+    from minibert.runs.settings import FinetuneRun
     from minibert.runs.pretrain import run_pretraining
     from minibert.training.pretrain import PretrainConfig
     from minibert.models import BertModel
@@ -854,12 +854,12 @@ def part_continued(args, work, results):
     for name, folder in models.items():
         vectors = encode_texts(BertModel.from_pretrained(folder), tokenizer, held, normalize=True)
         agreement = distill.embedding_agreement(original, vectors)
-        ner = finetune(wnut / "train.txt", wnut / "test.txt", str(folder), work / f"wnut-{len(rows)}", task="tag",
-                       config=FitConfig(epochs=3, lr=5e-5, seed=0, progress=False), batch_size=16, max_length=64, log=None,
-                       overwrite=True)
-        questions = finetune(trec / "train.csv", trec / "test.csv", str(folder), work / f"trec-{len(rows)}",
-                             config=FitConfig(epochs=args.epochs, lr=5e-5, seed=0, progress=False), batch_size=16,
-                             max_length=64, log=None, overwrite=True)
+        ner = finetune(FinetuneRun(train=wnut / "train.txt", eval=wnut / "test.txt", model=str(folder),
+                                   out=work / f"wnut-{len(rows)}", task="tag", epochs=3, lr=5e-5, seed=0, progress=False,
+                                   batch_size=16, max_length=64, overwrite=True), log=None)
+        questions = finetune(FinetuneRun(train=trec / "train.csv", eval=trec / "test.csv", model=str(folder),
+                                         out=work / f"trec-{len(rows)}", epochs=args.epochs, lr=5e-5, seed=0,
+                                         progress=False, batch_size=16, max_length=64, overwrite=True), log=None)
         rows[name] = {"wnut16_entity_f1": ner.best_metric, "trec6_accuracy": questions.best_metric,
                       "agreement_spearman": agreement["spearman"], "agreement_top10": agreement["top_k_overlap"]}
         print(f"  {name}: {rows[name]}", flush=True)

@@ -140,6 +140,36 @@ def tiny_head():
     return BertForSequenceClassification.from_encoder(DATA / "base", labels=["no", "yes"], seed=0).eval()
 
 
+def test_a_task_module_with_its_own_pooler_saves_loads_and_leaves_the_base_alone(tmp_path):
+    """pooler=True (the finetune prefix recipe's): the module carries a trained copy of the base's pooler that
+    stands in for it while the module is active; the base's own is neither changed nor trained."""
+    _, batch, _, _ = reference("houlsby")
+    model = tiny_head()
+    with torch.no_grad():
+        plain = model.bert(**batch).pooler_output
+    for kind, options in (("prefix", {"prefix_length": 3, "prefix_bottleneck": 8}), ("houlsby", {"bottleneck": 4})):
+        add_adapter(model, kind, kind, pooler=True, **options)
+        own = model.bert.task_modules.tasks[kind].pooler
+        assert torch.equal(own.weight, model.bert.pooler.dense.weight) and own.weight is not model.bert.pooler.dense.weight
+        assert own.weight.requires_grad and not model.bert.pooler.dense.weight.requires_grad
+        with torch.no_grad():
+            own.weight.add_(0.05 * torch.randn_like(own.weight))
+            logits = model(**batch).logits
+            assert not torch.allclose(model.bert(**batch).pooler_output, plain)  # the module's pooler stands in
+        save_adapter(model, kind, tmp_path / kind)
+        assert json.loads((tmp_path / kind / CONFIG_FILE).read_text())["options"]["pooler"] is True
+        again = load_adapter(tiny_head(), tmp_path / kind)
+        with torch.no_grad():
+            assert torch.equal(again(**batch).logits, logits)
+    set_active(model, None)
+    with torch.no_grad():
+        assert torch.equal(model.bert(**batch).pooler_output, plain)  # the base's pooler, untouched
+    bare = BertForSequenceClassification.from_encoder(DATA / "base", labels=["no", "yes"], seed=0)
+    bare.bert.pooler = None
+    with pytest.raises(InputError, match="pooler=True copies the base's pooler"):
+        add_adapter(bare, "p", "prefix", pooler=True)
+
+
 def test_many_tasks_on_one_base_switch_save_and_load(tmp_path):
     model = tiny_head()
     base_state = {k: v.clone() for k, v in model.bert.state_dict().items()}

@@ -22,6 +22,7 @@ from minibert.runs import distill as distill_pipeline
 from minibert.training.data import classification_batches
 from minibert.training.loop import FitConfig, fit
 from minibert.tools.encode import encode_texts
+from minibert.runs.settings import DistillRun
 
 TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -330,7 +331,8 @@ def test_distill_corpus_augments_after_holding_out(tiny_encoder_dir, tmp_path, m
         seen["train"], seen["held"] = list(texts), list(eval_texts)
     monkeypatch.setattr(distill_pipeline, "distill_embeddings", record)
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(60)]
-    distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", student_blocks=[0, 2], augment=50)
+    distill_pipeline.distill_corpus(DistillRun(teacher=tiny_encoder_dir, texts=texts, out=tmp_path / "s",
+                                               student_blocks=[0, 2], augment=50))
     held = set(seen["held"])  # 5 % of 60, raised to 21: the top-10 overlap needs 20 others per text
     assert len(held) == 21 and len(seen["train"]) == 39 + 50
     plain = seen["train"][:39]
@@ -338,18 +340,17 @@ def test_distill_corpus_augments_after_holding_out(tiny_encoder_dir, tmp_path, m
     made_words = {w for t in seen["train"][39:] for w in t.split()}
     assert not made_words & {t.split()[1] for t in held}  # nothing made from a held-out sentence
     with pytest.raises(InputError, match="augment"):
-        distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", augment=-3)
+        distill_pipeline.distill_corpus(DistillRun(teacher=tiny_encoder_dir, texts=texts, out=tmp_path / "s", augment=-3))
 
 
 def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_path):
     texts, labels = toy(64, seed=1)
     path = tmp_path / "train.csv"
     path.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
-    history, teacher_score = distill_pipeline.distill_task(
-        path, path, tiny_teacher_dir, tmp_path / "student", student_blocks=[3], temperature=2.0, alpha=0.7,
-        hidden_weight=0.5, attention_weight=0.5, layer_map="1:4",
-        config=FitConfig(epochs=4, lr=3e-3, progress=False), batch_size=8, max_length=16,
-        log=None)
+    history, teacher_score = distill_pipeline.distill_task(DistillRun(
+        train=path, eval=path, teacher=tiny_teacher_dir, out=tmp_path / "student", student_blocks=[3], temperature=2.0,
+        alpha=0.7, hidden_weight=0.5, attention_weight=0.5, layer_map="1:4", epochs=4, lr=3e-3, progress=False,
+        batch_size=8, max_length=16), log=None)
     assert teacher_score["accuracy"] >= 0.9
     assert history.best_metric >= 0.9 * teacher_score["accuracy"]
     student = BertForSequenceClassification.from_pretrained(tmp_path / "student")
@@ -357,7 +358,8 @@ def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_pat
     with pytest.raises(InputError, match="label"):
         bad = tmp_path / "bad.csv"
         bad.write_text("text,label\nhello,other\nbye,pos\n")
-        distill_pipeline.distill_task(bad, bad, tiny_teacher_dir, tmp_path / "x", log=None)
+        distill_pipeline.distill_task(DistillRun(train=bad, eval=bad, teacher=tiny_teacher_dir, out=tmp_path / "x"),
+                                      log=None)
 
 
 def test_distillers_refuse_what_cannot_be_matched(tiny_encoder_dir, tiny_teacher_dir):
@@ -479,17 +481,19 @@ def test_spread_blocks_keeps_the_top_block():
 
 def test_finetune_with_layerdrop_writes_a_prunable_model(tiny_encoder_dir, tmp_path):
     from minibert.runs.finetune import finetune
+    from minibert.runs.settings import FinetuneRun
 
     texts, labels = toy(32, seed=4)
     data = tmp_path / "d.csv"
     data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
-    history = finetune(data, data, tiny_encoder_dir, tmp_path / "ld", layerdrop=0.3, log=None,
-                       config=FitConfig(epochs=1, lr=1e-3, progress=False), max_length=16)
+    history = finetune(FinetuneRun(train=data, eval=data, model=tiny_encoder_dir, out=tmp_path / "ld", layerdrop=0.3,
+                                   epochs=1, lr=1e-3, progress=False, max_length=16), log=None)
     model = BertForSequenceClassification.from_pretrained(tmp_path / "ld")
     assert not model.bert._forward_pre_hooks  # the LayerDrop hook is gone from the saved model's source
     assert history.best_metric is not None
     with pytest.raises(InputError, match="scalarmix"):
-        finetune(data, data, tiny_encoder_dir, tmp_path / "x", layerdrop=0.3, recipe="scalarmix", log=None)
+        finetune(FinetuneRun(train=data, eval=data, model=tiny_encoder_dir, out=tmp_path / "x", layerdrop=0.3,
+                             recipe="scalarmix"), log=None)
 
 
 # ------------------------------------------------------------------------------------------ early exit
@@ -592,16 +596,18 @@ def test_distill_says_the_true_counts_and_refuses_too_few_texts_for_its_metric(t
     left to train on, and the log says the true counts."""
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(5)]
     with pytest.raises(InputError, match=r"5 texts are too few to hold 21 out .* give --eval-texts"):
-        distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s")
+        distill_pipeline.distill_corpus(DistillRun(teacher=tiny_encoder_dir, texts=texts, out=tmp_path / "s"))
     with pytest.raises(InputError, match=r"3 non-empty held-out text\(s\); the top-10 overlap needs at least 21"):
-        distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", eval_texts=texts[:3])
+        distill_pipeline.distill_corpus(DistillRun(teacher=tiny_encoder_dir, texts=texts, out=tmp_path / "s",
+                                                   eval_texts=texts[:3]))
     with pytest.raises(InputError, match=r"eval_texts: 3 text\(s\); the agreement's top-10 overlap needs at least 21"):
         distill.distill_embeddings(None, None, None, texts, eval_texts=texts[:3])
     assert not (tmp_path / "s").exists()
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(100)]
     lines = []
-    run = distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "s", student_blocks=[0, 3], k=3,
-                                          config=FitConfig(epochs=1, lr=1e-3, progress=False), log=lines.append)
+    run = distill_pipeline.distill_corpus(DistillRun(teacher=tiny_encoder_dir, texts=texts, out=tmp_path / "s",
+                                                     student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False),
+                                          log=lines.append)
     assert run.held_out == 7 and run.trained_on == 93  # 5 % of 100 is 5, raised to 2k + 1 = 7
     assert "agreement measured on 7 held-out texts, held out of the 100 given (7.0%" in lines[0]
     assert run.history.epochs[0]["eval"]["k"] == 3
@@ -625,8 +631,9 @@ def test_a_student_keeps_its_sentence_transformers_teachers_settings(tiny_encode
     (teacher / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24, "do_lower_case": False}))
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(60)]
     lines = []
-    run = distill_pipeline.distill_corpus(teacher, texts, tmp_path / "student", student_blocks=[0, 3], k=3,
-                                          config=FitConfig(epochs=1, lr=1e-3, progress=False), log=lines.append)
+    run = distill_pipeline.distill_corpus(DistillRun(teacher=teacher, texts=texts, out=tmp_path / "student",
+                                                     student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False),
+                                          log=lines.append)
     assert (run.pooling, run.normalize, run.sentence_folder) == ("cls", True, True)
     assert any("keeps" in line and "pooling cls, normalized, max_seq_length 24" in line for line in lines)
     student, original = SentenceEncoder.from_pretrained(tmp_path / "student"), SentenceEncoder.from_pretrained(teacher)
@@ -635,8 +642,8 @@ def test_a_student_keeps_its_sentence_transformers_teachers_settings(tiny_encode
     vectors = student.encode(texts[:4])
     assert abs(float((vectors ** 2).sum(1).max()) - 1.0) < 1e-5  # unit vectors, as the teacher's
     # a plain checkpoint as the teacher: mean pooling, not normalised, and no folder settings written
-    run = distill_pipeline.distill_corpus(tiny_encoder_dir, texts, tmp_path / "plain", student_blocks=[0, 3], k=3,
-                                          config=FitConfig(epochs=1, lr=1e-3, progress=False))
+    run = distill_pipeline.distill_corpus(DistillRun(teacher=tiny_encoder_dir, texts=texts, out=tmp_path / "plain",
+                                                     student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False))
     assert (run.pooling, run.normalize, run.sentence_folder) == ("mean", False, False)
     assert not (tmp_path / "plain" / "modules.json").exists()
 

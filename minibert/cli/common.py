@@ -14,75 +14,26 @@ import sys
 
 from ..checks import check_max_length, model_limit
 from ..errors import InputError
+from ..checks import SEED_LIMIT
+from ..runs.settings import DEFAULT_MODEL, MODEL_HELP, OVERWRITE_HELP, RESUME_HELP  # noqa: F401
+from ..settings import number_type
 from ..textfiles import output_dir, output_file, read_lines  # noqa: F401  (the commands' file checks and reader)
 
-DEFAULT_MODEL = "bert-base-uncased"
-MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
 PLOT_FORMATS = ".png (150 dpi), .svg or .pdf; no suffix: .png"
 
 
-def _int_at_least(low: int, why: str = ""):
-    """An argparse type: an integer >= low (``why``: the reason, said when it is refused)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}{f' ({why})' if why else ''}, got {value}")
-        return value
-    return parse
-
-
-positive_int = _int_at_least(1)
+#: the argparse types of the shared options, from the one rule of ``settings.number_type`` (what the run
+#: dataclasses' fields use too): a bound reads the same in every command
+positive_int = number_type(int, low=1)
 #: a truncation length: ``checks.check_max_length``'s lower bound (the upper one, the model's positions, is
 #: checked once the model's config is read)
-max_length_type = _int_at_least(3, "at least one token besides [CLS] and [SEP]")
+max_length_type = number_type(int, low=3)
+positive_float = number_type(float, low=0, strict=True)
+non_negative_float = number_type(float, low=0)
+non_negative_int = number_type(int, low=0, high=SEED_LIMIT)  # a seed: what numpy takes
+fraction = number_type(float, low=0, below=1)  # a probability (a dropout: 1 would drop everything)
 
 
-def _number_above(low: float, strict: bool):
-    """An argparse type: a number > low (``strict``) or >= low."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (value > low if strict else value >= low):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {value:g}")
-        return value
-    return parse
-
-
-positive_float = _number_above(0, strict=True)
-non_negative_float = _number_above(0, strict=False)
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0 (a seed: at most 2**32 - 1, what numpy takes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value <= 2**32 - 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**32 - 1], got {value}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """An argparse type: a probability in [0, 1) (a dropout: 1 would drop everything)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value:g}")
-    return value
-
-
-RESUME_HELP = ("continue the unfinished run in --out (same settings; it ends as the uninterrupted run would have); "
-               "a finished run has nothing to resume")
-OVERWRITE_HELP = ("replace what --out holds (a model or another run): its files are deleted when the run starts, "
-                  "in one step; without it a folder that holds anything is refused")
 
 
 # -------------------------------------------------------------------------------- parent parsers

@@ -10,61 +10,28 @@ from pathlib import Path
 
 from ..errors import InputError, MissingExtra, not_found
 from ..checks import check_max_length, model_limit
-from .common import (OVERWRITE_HELP, batch_size_option, check_device, columns_option, device_options, fraction,
+from .common import (OVERWRITE_HELP, batch_size_option, check_device, device_options, fraction,
                      max_length_option,
-                     max_length_type, model_option, non_negative_float, positive_float, positive_int, quiet_option,
-                     read_lines, report_truncation, seed_option, training_options)
+                     max_length_type, non_negative_float, positive_float, positive_int, quiet_option,
+                     read_lines, report_truncation, seed_option)
 
 
 # ----------------------------------------------------------------------------------------- finetune
 def add_finetune(sub) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a task head (and the encoder) on a labelled file",
-                       parents=[model_option(), columns_option(), quiet_option(),
-                                *training_options(epochs=3, batch_size=16, lr_default=5e-5, lr_help="default 5e-5")])
-    p.add_argument("--train", required=True, help=".csv / .tsv / .jsonl (classify, regress) or .conllu / BIO file (tag)")
-    p.add_argument("--eval", required=True, help="held-out data in the same format, evaluated after each epoch")
-    p.add_argument("--out", required=True, help="directory for the best checkpoint, its tokenizer and metrics.json")
-    p.add_argument("--task", choices=["classify", "regress", "tag"], default="classify")
-    p.add_argument("--recipe", choices=["full", "gradual", "llrd", "lora", "scalarmix", "adapter", "prefix"],
-                   default="full", help="adapter, prefix and lora train a task module on the frozen base and write "
-                                        "it alone with the head (KB to a few MB; `minibert predict` takes it)")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
-    p.add_argument("--device", help="where to train: cpu (default), cuda or cuda:N")
-    p.add_argument("--lora-rank", type=positive_int,
-                   help="--recipe lora: the rank r (alpha = 2r), at most the hidden size (default 8)")
-    p.add_argument("--lora-targets",
-                   help="--recipe lora: the linear layers to adapt, comma-separated: query, key, value, output "
-                        "(attention), dense_in, dense_out (feed-forward), or patterns such as '*.ffn.*' "
-                        "(default query,value)")
-    p.add_argument("--merge-lora", action="store_true",
-                   help="--recipe lora: write the merged whole checkpoint instead of the task module")
-    p.add_argument("--adapter-kind", choices=["houlsby", "pfeiffer"],
-                   help="--recipe adapter: after attention and the FFN (houlsby, the default) or after the FFN only "
-                        "(pfeiffer)")
-    p.add_argument("--adapter-size", type=positive_int,
-                   help="--recipe adapter: the bottleneck width, 1 to the model's hidden size (default 64)")
-    p.add_argument("--prefix-length", type=positive_int,
-                   help="--recipe prefix: P, the learnt keys and values per block, 1 to the model's positions "
-                        "(default 16)")
-    p.add_argument("--layerdrop", type=fraction, default=0.0,
-                   help="skip each block with this probability while training (LayerDrop; e.g. 0.2), to prune later; "
-                        "in [0, 1)")
+    from ..runs.settings import FinetuneRun
+    from ..settings import add_arguments
+
+    p = sub.add_parser("finetune", help="fine-tune a task head (and the encoder) on a labelled file")
+    add_arguments(p, FinetuneRun)  # every option, its help, default and bounds: the run's dataclass
     p.set_defaults(func=cmd_finetune)
 
 
 def cmd_finetune(args) -> int:
-    from ..training.loop import FitConfig
-    from ..runs.finetune import TASK_MODULE_RECIPES, finetune
+    from ..runs.finetune import finetune
+    from ..runs.settings import TASK_MODULE_RECIPES, FinetuneRun
+    from ..settings import from_args
 
-    config = FitConfig(epochs=args.epochs, lr=args.lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
-                       resume=args.resume)
-    targets = None if args.lora_targets is None else [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-    history = finetune(args.train, args.eval, args.model, args.out, task=args.task, text_column=args.text_column,
-                       pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
-                       recipe=args.recipe, config=config, batch_size=args.batch_size, max_length=args.max_length,
-                       lora_rank=args.lora_rank, lora_targets=targets, layerdrop=args.layerdrop,
-                       merge_lora=args.merge_lora, adapter_kind=args.adapter_kind, adapter_size=args.adapter_size,
-                       prefix_length=args.prefix_length, device=args.device, overwrite=args.overwrite)
+    history = finetune(from_args(FinetuneRun, args))
     if getattr(history, "nothing_to_resume", False):
         print(f"nothing to resume: {args.out} holds a finished run (best epoch {history.best_epoch}, "
               f"{history.metric} {history.best_metric:.4f}); nothing written")
@@ -203,99 +170,25 @@ def _predict_with_task_modules(args, folders, lines) -> int:
 
 # ------------------------------------------------------------------------------------------ distill
 def add_distill(sub) -> None:
-    p = sub.add_parser("distill", help="distil a model into a shallower student (sentence embeddings or a task)",
-                       parents=[columns_option(), quiet_option("no progress bar or epoch lines"),
-                                *training_options(epochs=3, batch_size=32,
-                                                  lr_help="learning rate (default 5e-4 embeddings, 5e-5 task)")])
-    p.add_argument("--teacher", required=True, help="the model to imitate (a fine-tuned checkpoint for task mode)")
-    p.add_argument("--out", required=True, help="directory for the student's best checkpoint, tokenizer, metrics.json")
-    p.add_argument("--student-blocks", help="teacher blocks the student starts from (default every other: 0,2,4,...)")
-    p.add_argument("--texts", help="embedding mode: unlabelled texts, one per line")
-    p.add_argument("--eval-texts", help="embedding mode: held-out texts for the agreement, at least 21 (default: "
-                   "5%% of --texts, at least 21, at most 1000)")
-    p.add_argument("--pool", choices=["mean", "cls", "max"], help="embedding mode: sentence vector (default: a "
-                   "sentence-transformers teacher's pooling, else mean)")
-    p.add_argument("--normalize", action="store_true", default=None,
-                   help="embedding mode: match unit vectors (default: as a sentence-transformers teacher does)")
-    p.add_argument("--similarity-weight", type=float, default=0.0,
-                   help="embedding mode: weight of the MSE between in-batch cosine similarities (default 0)")
-    p.add_argument("--group-by-length", action="store_true",
-                   help="embedding mode: batches of texts of similar length (less padding, faster epochs)")
-    p.add_argument("--augment", type=int, default=0, metavar="N",
-                   help="embedding mode: add N texts made from --texts (crops, pairs, word dropout; default 0)")
-    p.add_argument("--cache-teacher", action="store_true",
-                   help="embedding mode: compute the teacher's vectors once, before the first epoch (faster epochs; "
-                   "not with --hidden-weight / --attention-weight)")
-    p.add_argument("--freeze-embeddings", action="store_true",
-                   help="embedding mode: the student keeps the teacher's embeddings (a faster step)")
-    p.add_argument("--train", help="task mode: labelled training data (the finetune formats)")
-    p.add_argument("--eval", help="task mode: held-out data, evaluated after each epoch")
-    p.add_argument("--task", choices=["classify", "tag"], help="task mode: what the teacher does (default classify)")
-    p.add_argument("--temperature", type=positive_float, help="task mode: softmax temperature T (default 2)")
-    p.add_argument("--alpha", type=non_negative_float, help="task mode: weight of the soft targets, in [0, 1] "
-                   "(default 0.5)")
-    p.add_argument("--hidden-weight", type=float, default=0.0, help="weight of the hidden-state MSE (default 0)")
-    p.add_argument("--attention-weight", type=float, default=0.0, help="weight of the attention KL (default 0)")
-    p.add_argument("--layer-map", help="student:teacher hidden states, e.g. 1:2,2:4,3:6 (default uniform)")
-    p.add_argument("--student-dropout", type=fraction, help="the student's dropout while it trains (default: 0 in "
-                   "embedding mode, its own in task mode); the saved student keeps its own")
-    p.add_argument("--bf16", action="store_true", help="the student trains under bf16 autocast (fp32 master "
-                   "weights; the teacher stays fp32)")
+    from ..runs.settings import DistillRun
+    from ..settings import add_arguments
+
+    p = sub.add_parser("distill", help="distil a model into a shallower student (sentence embeddings or a task)")
+    add_arguments(p, DistillRun)
     p.set_defaults(func=cmd_distill)
-
-
-def _blocks_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"--student-blocks {text!r}: give block numbers separated by commas, e.g. 0,2,4") from None
-
-
-#: options of embedding mode only, refused in task mode: (dest, message)
-_EMBEDDING_ONLY = [
-    ("group_by_length", "--group-by-length is for embedding mode (--texts); task distillation batches as finetune"),
-    ("augment", "--augment is for embedding mode (--texts): task distillation trains on labelled rows"),
-    ("freeze_embeddings", "--freeze-embeddings is for embedding mode (--texts)"),
-    ("cache_teacher", "--cache-teacher is for embedding mode (--texts): task distillation runs the teacher on each "
-                      "batch"),
-]
 
 
 def cmd_distill(args) -> int:
     from ..runs import distill as D
-    from ..training.loop import FitConfig
+    from ..runs.settings import DistillRun
+    from ..settings import from_args
 
-    if args.texts is not None and args.train is not None:
-        raise InputError("--texts (sentence-embedding distillation) and --train (task distillation) exclude each other")
-    if args.texts is None and args.train is None:
-        raise InputError("give --texts (sentence-embedding distillation on unlabelled text) or --train and --eval "
-                         "(task distillation from a fine-tuned teacher)")
-    if args.train is not None and args.eval is None:
-        raise InputError("task distillation needs --eval (held-out data in the --train format)")
-    if args.train is not None:
-        for dest, message in _EMBEDDING_ONLY:
-            if getattr(args, dest):
-                raise InputError(message)
-    else:
-        for dest, flag in (("task", "--task"), ("temperature", "--temperature"), ("alpha", "--alpha")):
-            if getattr(args, dest) is not None:
-                raise InputError(f"{flag} is for task mode (--train / --eval): embedding distillation matches the "
-                                 "teacher's sentence vectors, not its predictions")
-    blocks = None if args.student_blocks is None else _blocks_list(args.student_blocks)
-    lr = args.lr if args.lr is not None else (5e-4 if args.texts else 5e-5)
-    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, bf16=args.bf16, progress=not args.quiet,
-                       resume=args.resume)
+    run = from_args(DistillRun, args)
+    run.check()  # which mode, and what goes with it, before any work
     out = args.out
-    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    if args.train is not None:
-        history, teacher_score = D.distill_task(
-            args.train, args.eval, args.teacher, out, task=args.task or "classify", student_blocks=blocks,
-            temperature=2.0 if args.temperature is None else args.temperature,
-            alpha=0.5 if args.alpha is None else args.alpha, hidden_weight=args.hidden_weight,
-            attention_weight=args.attention_weight, layer_map=args.layer_map, text_column=args.text_column,
-            pair_column=args.text_pair_column, label_column=args.label_column, tag_column=args.tag_column,
-            config=config, batch_size=args.batch_size, max_length=args.max_length,
-            student_dropout=args.student_dropout, overwrite=args.overwrite, log=log)
+    log = (lambda line: print(line, file=sys.stderr)) if run.progress else None
+    if run.mode == "task":
+        history, teacher_score = D.distill_task(run, log=log)
         if getattr(history, "nothing_to_resume", False):
             print(f"nothing to resume: {out} holds a finished student (best epoch {history.best_epoch}); nothing written")
             return 0
@@ -303,16 +196,7 @@ def cmd_distill(args) -> int:
         print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
               f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
         return 0
-    texts = read_lines(args.texts)
-    held = read_lines(args.eval_texts) if args.eval_texts else None
-    run = D.distill_corpus(args.teacher, texts, out, eval_texts=held, student_blocks=blocks, pooling=args.pool,
-                           normalize=args.normalize, similarity_weight=args.similarity_weight,
-                           hidden_weight=args.hidden_weight, attention_weight=args.attention_weight,
-                           layer_map=args.layer_map, config=config, batch_size=args.batch_size,
-                           max_length=args.max_length, group_by_length=args.group_by_length,
-                           student_dropout=0.0 if args.student_dropout is None else args.student_dropout,
-                           augment=args.augment, cache_teacher=args.cache_teacher,
-                           freeze_embeddings=args.freeze_embeddings, overwrite=args.overwrite, log=log)
+    run = D.distill_corpus(run, log=log)
     if getattr(run.history, "nothing_to_resume", False):
         print(f"nothing to resume: {out} holds a finished student (best epoch {run.history.best_epoch}); nothing "
               "written")
@@ -327,32 +211,21 @@ def cmd_distill(args) -> int:
 
 # -------------------------------------------------------------------------------------------- exits
 def add_exits(sub) -> None:
-    p = sub.add_parser("exits", help="train early exits on a fine-tuned classifier; print accuracy vs blocks run",
-                       parents=[model_option("a classifier written by `minibert finetune`", required=True),
-                                columns_option(tags=False), quiet_option("no progress bar or epoch lines"),
-                                *training_options(epochs=2, batch_size=16, lr_help="learning rate (default 1e-3: only "
-                                                  "the exits train; --joint 5e-5)")])
-    p.add_argument("--train", required=True, help="labelled training data (.csv / .tsv / .jsonl)")
-    p.add_argument("--eval", required=True, help="held-out data: the accuracy / blocks / time table is measured on it")
-    p.add_argument("--out", required=True, help="directory for the classifier with its exits")
-    p.add_argument("--joint", action="store_true", help="train the whole model with the exits (default: frozen "
-                   "model, only the exits learn)")
-    p.add_argument("--rounds", type=positive_int, default=5,
-                   help="timing rounds for the speed column: every rule warmed up, then called in alternation this "
-                        "many times; the median and quartiles are printed (default 5)")
+    from ..runs.settings import ExitsRun
+    from ..settings import add_arguments
+
+    p = sub.add_parser("exits", help="train early exits on a fine-tuned classifier; print accuracy vs blocks run")
+    add_arguments(p, ExitsRun)
     p.set_defaults(func=cmd_exits)
 
 
 def cmd_exits(args) -> int:
     from ..runs.exits import train_exits
-    from ..training.loop import FitConfig
+    from ..runs.settings import ExitsRun
+    from ..settings import from_args
 
-    lr = args.lr if args.lr is not None else (5e-5 if args.joint else 1e-3)
-    config = FitConfig(epochs=args.epochs, lr=lr, seed=args.seed, progress=not args.quiet, resume=args.resume)
-    table = train_exits(args.model, args.train, args.eval, args.out, joint=args.joint, config=config,
-                        batch_size=args.batch_size, max_length=args.max_length, text_column=args.text_column,
-                        label_column=args.label_column, rounds=args.rounds, overwrite=args.overwrite,
-                        log=(lambda line: print(line, file=sys.stderr)) if not args.quiet else None)
+    run = from_args(ExitsRun, args)
+    table = train_exits(run, log=(lambda line: print(line, file=sys.stderr)) if run.progress else None)
     print(table)
     if getattr(table, "nothing_to_resume", False):
         print(f"nothing to resume: {args.out} holds a finished run (its table above); nothing written")

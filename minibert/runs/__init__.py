@@ -2,12 +2,13 @@
 command line. Each module is one command's run: it reads the files, wires the library's methods to the
 training loop and writes what the command promises.
 
-    finetune.py     finetune(train, eval, model, out)        a task head (and recipe) on labelled files
-    distill.py      distill_corpus(teacher, texts, out)      a shallower student of sentence embeddings
-                    distill_task(train, eval, teacher, out)  ... or of a fine-tuned classifier / tagger
-    exits.py        train_exits(model, train, eval, out)     early exits on a fine-tuned classifier
+    finetune.py     finetune(run)                            a task head (and recipe) on labelled files
+    distill.py      distill_corpus(run)                      a shallower student of sentence embeddings
+                    distill_task(run)                        ... or of a fine-tuned classifier / tagger
+    exits.py        train_exits(run)                         early exits on a fine-tuned classifier
     pretrain.py     run_pretraining(corpus, out, ...)        masked-LM (and NSP) pre-training from text files
     depth_study.py  run_study(corpus, out, ...)              pre-train several depths, measure, plot
+    settings.py     FinetuneRun, DistillRun, ExitsRun, ...   each command's settings, declared once; RECIPES
     skeleton.py     what every run does the same way: read the labelled files of a task and check their
                     labels against the model's, evaluate as finetune does, report each epoch, check the
                     output folder, leave the tokenizer beside the checkpoint

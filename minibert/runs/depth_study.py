@@ -349,14 +349,14 @@ def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task
         out.update(probe_accuracy=probe.accuracy, probe_control=probe.control_accuracy,
                    probe_selectivity=probe.selectivity, probe_best_layer=probe.best_layer)
     if task_train is not None:
-        from ..training.loop import FitConfig
         from .finetune import finetune
+        from .settings import FinetuneRun
 
         with warnings.catch_warnings():  # a masked-LM checkpoint has no pooler: the classifier starts a fresh one
             warnings.filterwarnings("ignore", message=".*has no pooler")
-            history = finetune(task_train, task_eval, str(folder), work / folder.name,
-                               config=FitConfig(epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False),
-                               batch_size=32, max_length=64, device=device, overwrite=True, log=None)
+            history = finetune(FinetuneRun(train=task_train, eval=task_eval, model=str(folder), out=work / folder.name,
+                                           epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False,
+                                           batch_size=32, max_length=64, device=device, overwrite=True), log=None)
         out["task_accuracy"] = history.best_metric
     if log is not None:
         log("  " + ", ".join(f"{k} {v:.4g}" for k, v in out.items() if isinstance(v, float)))

@@ -35,8 +35,8 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from ..checks import check_fraction, check_positive, check_seed
 from ..errors import InputError
+from .settings import FitConfig  # noqa: F401  (the loop's settings; declared with the others, no torch there)
 
 
 # -------------------------------------------------------------------------------- optimiser pieces
@@ -99,38 +99,6 @@ def warmup_then_linear_decay(optimizer: torch.optim.Optimizer, warmup_steps: int
 
 
 # ------------------------------------------------------------------------------------------- the loop
-@dataclass
-class FitConfig:
-    epochs: int = 3
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    layer_decay: float | None = None  # layer-wise learning-rate decay (e.g. 0.9); None = off
-    warmup_ratio: float = 0.1  # share of the optimisation steps spent warming up
-    accumulate: int = 1  # batches per optimisation step
-    max_grad_norm: float | None = 1.0  # gradient clipping; None = off
-    seed: int = 0
-    bf16: bool = False  # autocast to bf16 for forward and backward; the weights stay fp32
-    fp16: bool = False  # CUDA only: autocast to fp16 with loss scaling (GradScaler); the weights stay fp32
-    progress: bool = True
-    resume: bool = False  # continue from out_dir's training_state.pt (the last finished epoch), if there is one
-
-    def recorded(self) -> dict:
-        """The settings a resumed run must share with the run it continues (not progress, not resume)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("progress", "resume")}
-
-    def check(self) -> None:
-        for name in ("epochs", "accumulate"):
-            check_positive(name, getattr(self, name))
-        if not self.lr > 0:
-            raise InputError(f"lr={self.lr!r} must be > 0")
-        check_fraction("warmup_ratio", self.warmup_ratio)
-        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
-            raise InputError(f"layer_decay={self.layer_decay!r} must be in (0, 1]")
-        if self.bf16 and self.fp16:
-            raise InputError("bf16 and fp16 exclude each other")
-        check_seed("seed (--seed)", self.seed)
-
-
 @dataclass
 class History:
     epochs: list[dict] = field(default_factory=list)  # per epoch: train_loss, metrics, seconds, examples/s

@@ -1,0 +1,250 @@
+"""The settings of each run, declared once (``minibert.settings``): the command line, the checks, the
+CLI reference page and the Python API all come from these dataclasses. Standard library only, so that the
+CLI builds its parser without importing torch.
+
+    FinetuneRun   minibert finetune   (``runs.finetune.finetune(run)``)
+    ExitsRun      minibert exits      (``runs.exits.train_exits(run)``)
+    DistillRun    minibert distill    (``runs.distill.distill_corpus(run)`` / ``distill_task(run)``)
+
+and the recipes' own defaults (``RECIPES``): what trains, the learning rate and the epochs each recipe was
+measured to work with. A run that leaves ``lr`` or ``epochs`` unset takes its recipe's, and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import InputError
+from ..settings import setting
+from ..training.settings import RESUME_HELP, FitConfig  # noqa: F401  (RESUME_HELP: for the CLI)
+
+DEFAULT_MODEL = "bert-base-uncased"
+MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
+OVERWRITE_HELP = ("replace what --out holds (a model or another run): its files are deleted when the run starts, "
+                  "in one step; without it a folder that holds anything is refused")
+
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A fine-tuning recipe's defaults: what trains, at which learning rate, for how many epochs, its own
+    options, and the measurement they come from."""
+
+    trains: str
+    lr: float
+    epochs: int
+    options: tuple[tuple[str, object], ...] = ()  # (field of FinetuneRun, default) -- the recipe's own options
+    measured: str = ""
+
+
+#: every recipe's defaults. Measured on all-MiniLM-L6-v2, TREC-6: the first 1,500 training questions, the
+#: 500 test questions held out, batch 16, max length 64, seed 0, accuracy of the best epoch (full
+#: fine-tuning 0.942 there): benchmarks/results/recipes_epyc-zen4.md, `python benchmarks/bench_recipes.py`.
+RECIPES = {
+    "full": Recipe("everything", 5e-5, 3, measured="accuracy 0.942"),
+    "gradual": Recipe("the head first, then one more block from the top each epoch, the embeddings last",
+                      2e-4, 3, measured="accuracy ..."),
+    "llrd": Recipe("everything, each block at 0.9x the rate of the one above", 5e-5, 3, measured="accuracy ..."),
+    "lora": Recipe("LoRA's A and B (rank 8, alpha 16) on the adapted layers, and the head", 1e-3, 3,
+                   options=(("lora_rank", 8), ("lora_targets", ("query", "value")), ("merge_lora", False)),
+                   measured="accuracy ..."),
+    "scalarmix": Recipe("a ScalarMix over every layer and a linear head (the encoder frozen)", 1e-2, 3,
+                        measured="accuracy 0.892"),
+    "adapter": Recipe("the bottleneck adapters and the head (the base frozen)", 1e-3, 3,
+                      options=(("adapter_kind", "houlsby"), ("adapter_size", 64)), measured="accuracy ..."),
+    "prefix": Recipe("the prefixes (through their MLP), a pooler of the module's own and the head (the base "
+                     "frozen)", 1e-3, 3,
+                     options=(("prefix_length", 16),), measured="accuracy ..."),
+}
+TASK_MODULE_RECIPES = ("adapter", "prefix", "lora")
+TASKS = ("classify", "regress", "tag")
+
+
+@dataclass(kw_only=True)
+class FinetuneRun(FitConfig):
+    """``minibert finetune``: a task head (and a recipe) trained on labelled files. The loop's settings
+    (``FitConfig``) are its own too; ``lr`` and ``epochs`` default to the recipe's."""
+
+    train: str = setting(help=".csv / .tsv / .jsonl (classify, regress) or .conllu / BIO file (tag)", required=True)
+    eval: str = setting(help="held-out data in the same format, evaluated after each epoch", required=True)
+    out: str = setting(help="directory for the best checkpoint, its tokenizer and metrics.json", required=True)
+    model: str = setting(DEFAULT_MODEL, MODEL_HELP.removesuffix(f" (default {DEFAULT_MODEL})"))
+    task: str = setting("classify", "classify (a label per row), regress (a number per row) or tag (a tag per "
+                        "word)", choices=TASKS)
+    text_column: str = setting("text", "the column holding the text")
+    text_pair_column: str | None = setting(None, "a second text per row (sentence pairs)")
+    label_column: str = setting("label", "the column holding the label")
+    tag_column: str = setting("upos", "CoNLL-U column with the tags (--task tag)")
+    recipe: str = setting("full", "what trains and how: " + "; ".join(f"{name}: {r.trains}" for name, r in RECIPES.items())
+                          + ". adapter, prefix and lora write the task module alone with the head (KB to a few MB; "
+                          "`minibert predict` takes it)", choices=tuple(RECIPES))
+    epochs: int | None = setting(None, "passes over the training file", low=1, default_text="the recipe's: 3")
+    lr: float | None = setting(None, "peak learning rate (warmup over the first 10 % of the steps, then linear "
+                               "decay)", low=0.0, strict=True,
+                               default_text="the recipe's: " + ", ".join(f"{n} {r.lr:g}" for n, r in RECIPES.items()))
+    batch_size: int = setting(16, "texts per batch", low=1)
+    max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included; at most the "
+                              "model's positions", low=3)
+    overwrite: bool = setting(False, OVERWRITE_HELP)
+    device: str | None = setting(None, "where to train: cpu (default), cuda or cuda:N")
+    lora_rank: int | None = setting(None, "--recipe lora: the rank r (alpha = 2r), at most the hidden size", low=1,
+                                    default_text="8")
+    lora_targets: tuple[str, ...] | None = setting(
+        None, "--recipe lora: the linear layers to adapt, comma-separated: query, key, value, output (attention), "
+              "dense_in, dense_out (feed-forward), or patterns such as '*.ffn.*'", default_text="query,value")
+    merge_lora: bool = setting(False, "--recipe lora: write the merged whole checkpoint instead of the task module")
+    adapter_kind: str | None = setting(None, "--recipe adapter: after attention and the FFN (houlsby, the default) "
+                                       "or after the FFN only (pfeiffer)", choices=("houlsby", "pfeiffer"))
+    adapter_size: int | None = setting(None, "--recipe adapter: the bottleneck width, 1 to the model's hidden size",
+                                       low=1, default_text="64")
+    prefix_length: int | None = setting(None, "--recipe prefix: P, the learnt keys and values per block, 1 to the "
+                                        "model's positions", low=1, default_text="16")
+    layerdrop: float = setting(0.0, "skip each block with this probability while training (LayerDrop; e.g. 0.2), "
+                               "to prune later; in [0, 1)", low=0.0, below=1.0)
+
+    def recipe_options(self) -> dict:
+        """The recipe's own options (its defaults where not given); an option of another recipe is refused
+        by name, as it would otherwise be ignored."""
+        for name, recipe in RECIPES.items():
+            for option, _ in recipe.options:
+                if name != self.recipe and getattr(self, option) not in (None, False):
+                    flag = "--" + option.replace("_", "-")
+                    raise InputError(f"{option} ({flag}) belongs to the {name} recipe; this run's recipe is "
+                                     f"{self.recipe}: leave it out, or use --recipe {name}")
+        return {option: default if getattr(self, option) in (None, False) else getattr(self, option)
+                for option, default in RECIPES[self.recipe].options}
+
+    def with_recipe_defaults(self) -> tuple[FinetuneRun, list[str]]:
+        """This run with ``lr`` and ``epochs`` taken from its recipe where not given, and the words saying
+        which were taken (empty when the user gave both)."""
+        recipe = RECIPES[self.recipe]
+        chosen = {name: getattr(recipe, name) for name in ("lr", "epochs") if getattr(self, name) is None}
+        said = [f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}" for name, value in chosen.items()]
+        return replace(self, **chosen), said
+
+
+@dataclass(kw_only=True)
+class ExitsRun(FitConfig):
+    """``minibert exits``: early exits on a fine-tuned classifier (frozen, or trained with it)."""
+
+    model: str = setting(help="a classifier written by `minibert finetune`", required=True)
+    train: str = setting(help="labelled training data (.csv / .tsv / .jsonl)", required=True)
+    eval: str = setting(help="held-out data: the accuracy / blocks / time table is measured on it", required=True)
+    out: str = setting(help="directory for the classifier with its exits", required=True)
+    text_column: str = setting("text", "the column holding the text")
+    label_column: str = setting("label", "the column holding the label")
+    joint: bool = setting(False, "train the whole model with the exits (default: frozen model, only the exits learn)")
+    epochs: int = setting(2, "passes over the training file", low=1)
+    lr: float | None = setting(None, "learning rate", low=0.0, strict=True,
+                               default_text="1e-3: only the exits train; --joint 5e-5")
+    batch_size: int = setting(16, "texts per batch", low=1)
+    max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included", low=3)
+    rounds: int = setting(5, "timing rounds for the speed column: every rule warmed up, then called in alternation "
+                          "this many times; the median and quartiles are printed", low=1)
+    overwrite: bool = setting(False, OVERWRITE_HELP)
+    progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
+
+    def learning_rate(self) -> float:
+        """The rate given, else the one for what trains: 1e-3 for the exits alone, 5e-5 with the model."""
+        return self.lr if self.lr is not None else (5e-5 if self.joint else 1e-3)
+
+
+#: options of embedding mode only, refused in task mode: (field, message)
+EMBEDDING_ONLY = (
+    ("group_by_length", "--group-by-length is for embedding mode (--texts); task distillation batches as finetune"),
+    ("augment", "--augment is for embedding mode (--texts): task distillation trains on labelled rows"),
+    ("freeze_embeddings", "--freeze-embeddings is for embedding mode (--texts)"),
+    ("cache_teacher", "--cache-teacher is for embedding mode (--texts): task distillation runs the teacher on each "
+                      "batch"),
+)
+
+
+@dataclass(kw_only=True)
+class DistillRun(FitConfig):
+    """``minibert distill``: a shallower student of a teacher -- its sentence embeddings on unlabelled texts
+    (``texts``: embedding mode), or its predictions on labelled files (``train`` and ``eval``: task mode)."""
+
+    teacher: str = setting(help="the model to imitate (a fine-tuned checkpoint for task mode)", required=True)
+    out: str = setting(help="directory for the student's best checkpoint, tokenizer, metrics.json", required=True)
+    student_blocks: str | list | None = setting(None, "teacher blocks the student starts from, e.g. 0,2,4",
+                                         default_text="every other: 0,2,4,...")
+    texts: str | list | None = setting(None, "embedding mode: unlabelled texts, one per line (in Python, a list of "
+                                       "texts too)")
+    eval_texts: str | list | None = setting(None, "embedding mode: held-out texts for the agreement, at least 21",
+                                            default_text="5 % of --texts, at least 21, at most 1000")
+    pool: str | None = setting(None, "embedding mode: sentence vector", choices=("mean", "cls", "max"),
+                               default_text="a sentence-transformers teacher's pooling, else mean")
+    normalize: bool | None = setting(None, "embedding mode: match unit vectors (default: as a sentence-transformers "
+                                     "teacher does)")
+    similarity_weight: float = setting(0.0, "embedding mode: weight of the MSE between in-batch cosine similarities")
+    group_by_length: bool = setting(False, "embedding mode: batches of texts of similar length (less padding, faster "
+                                    "epochs)")
+    augment: int = setting(0, "embedding mode: add N texts made from --texts (crops, pairs, word dropout)")
+    cache_teacher: bool = setting(False, "embedding mode: compute the teacher's vectors once, before the first epoch "
+                                  "(faster epochs; not with --hidden-weight / --attention-weight)")
+    freeze_embeddings: bool = setting(False, "embedding mode: the student keeps the teacher's embeddings (a faster "
+                                      "step)")
+    train: str | None = setting(None, "task mode: labelled training data (the finetune formats)")
+    eval: str | None = setting(None, "task mode: held-out data, evaluated after each epoch")
+    task: str | None = setting(None, "task mode: what the teacher does", choices=("classify", "tag"),
+                               default_text="classify")
+    temperature: float | None = setting(None, "task mode: softmax temperature T", low=0.0, strict=True,
+                                        default_text="2")
+    alpha: float | None = setting(None, "task mode: weight of the soft targets, in [0, 1]", low=0.0, high=1.0,
+                                  default_text="0.5")
+    hidden_weight: float = setting(0.0, "weight of the hidden-state MSE")
+    attention_weight: float = setting(0.0, "weight of the attention KL")
+    layer_map: str | None = setting(None, "student:teacher hidden states, e.g. 1:2,2:4,3:6", default_text="uniform")
+    student_dropout: float | None = setting(None, "the student's dropout while it trains; the saved student keeps "
+                                            "its own", low=0.0, below=1.0,
+                                            default_text="0 in embedding mode, its own in task mode")
+    text_column: str = setting("text", "the column holding the text")
+    text_pair_column: str | None = setting(None, "a second text per row (sentence pairs)")
+    label_column: str = setting("label", "the column holding the label")
+    tag_column: str = setting("upos", "CoNLL-U column with the tags (--task tag)")
+    k: int = setting(10, "the k of the top-k overlap the agreement reports", low=1, high=1000, cli=False)
+    lr: float | None = setting(None, "learning rate", low=0.0, strict=True,
+                               default_text="5e-4 embeddings, 5e-5 task")
+    batch_size: int = setting(32, "texts per batch", low=1)
+    max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included", low=3)
+    overwrite: bool = setting(False, OVERWRITE_HELP)
+    progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
+    bf16: bool = setting(False, "the student trains under bf16 autocast (fp32 master weights; the teacher stays fp32)")
+
+    @property
+    def mode(self) -> str:
+        return "task" if self.train is not None else "embeddings"
+
+    def check(self) -> None:
+        """The settings, and what goes with which mode (one of --texts / --train, the task mode's --eval)."""
+        super().check()
+        if self.texts is not None and self.train is not None:
+            raise InputError("--texts (sentence-embedding distillation) and --train (task distillation) exclude "
+                             "each other")
+        if self.texts is None and self.train is None:
+            raise InputError("give --texts (sentence-embedding distillation on unlabelled text) or --train and --eval "
+                             "(task distillation from a fine-tuned teacher)")
+        if self.train is not None and self.eval is None:
+            raise InputError("task distillation needs --eval (held-out data in the --train format)")
+        if self.train is not None:
+            for name, message in EMBEDDING_ONLY:
+                if getattr(self, name):
+                    raise InputError(message)
+        else:
+            for name in ("task", "temperature", "alpha"):
+                if getattr(self, name) is not None:
+                    raise InputError(f"--{name} is for task mode (--train / --eval): embedding distillation matches "
+                                     "the teacher's sentence vectors, not its predictions")
+
+    def blocks(self) -> list[int] | None:
+        """``student_blocks`` as block numbers (None: the default choice)."""
+        if self.student_blocks is None or isinstance(self.student_blocks, (list, tuple)):
+            return None if self.student_blocks is None else list(self.student_blocks)
+        try:
+            return [int(x) for x in self.student_blocks.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"--student-blocks {self.student_blocks!r}: give block numbers separated by commas, "
+                             "e.g. 0,2,4") from None
+
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (5e-4 if self.mode == "embeddings" else 5e-5)

@@ -1,0 +1,259 @@
+"""A run's settings, declared once: a dataclass whose fields carry their type, default, bounds and help.
+
+    @dataclass
+    class ExitsRun:
+        epochs: int = setting(2, "passes over the training file", low=1)
+        lr: float | None = setting(None, "learning rate", low=0.0, strict=True, default_text="1e-3")
+
+From that one declaration come the checks (``check(run)``: every field's type, bounds and choices, the
+error naming the field, its flag and the limit), the command line (``add_arguments(parser, ExitsRun)``:
+``--epochs``, ``--lr``, ... with their help and defaults; argparse refuses a bad value with the same
+words), the instance a command builds from its parsed arguments (``from_args``) and, through the parser,
+the CLI reference page (``tools/gen_docs.py``). The Python API takes the same dataclass, so a setting is
+spelt, bounded and documented in one place. Standard library only: ``minibert --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from typing import Any
+
+from .errors import InputError
+
+_KEY = "minibert"  # the field metadata entry that holds a setting's description
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What one field says about itself beyond its type and default."""
+
+    help: str
+    low: float | None = None  # the lowest value, inclusive unless ``strict`` ("> 0")
+    high: float | None = None  # the highest value, inclusive; or
+    below: float | None = None  # an upper bound the value stays under ("< 1")
+    strict: bool = False
+    choices: tuple | None = None
+    flag: str | None = None  # the option's name when it is not --field-name
+    positional: bool = False  # a positional argument of the command
+    required: bool = False  # the command line must give it (the Python API then has no default either)
+    cli: bool = True  # False: Python only (e.g. a callable)
+    default_text: str | None = None  # how the help states a default of None (e.g. "the recipe's")
+    negate: bool = False  # a bool field whose flag turns it off (``progress`` <- ``--quiet``)
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, required: bool = False, **about):
+    """A dataclass field that describes itself (see the module docstring): ``about`` takes ``Setting``'s
+    fields (``low``, ``high``, ``below``, ``strict``, ``choices``, ``flag``, ``positional``, ``cli``,
+    ``default_text``, ``negate``). A list or dict default is given as a callable (``default=list``), as
+    dataclasses want it."""
+    if about.get("choices") is not None:
+        about["choices"] = tuple(about["choices"])
+    meta = {_KEY: Setting(help, required=required, **about)}
+    if required:
+        return dataclasses.field(metadata=meta)
+    if callable(default) and not isinstance(default, type) and default is not None:
+        return dataclasses.field(default_factory=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def described(cls) -> list[tuple[dataclasses.Field, Setting, Any]]:
+    """(field, its Setting, its type) for every described field of ``cls``, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return [(f, f.metadata[_KEY], hints[f.name]) for f in dataclasses.fields(cls) if _KEY in f.metadata]
+
+
+def flag_of(field: dataclasses.Field, about: Setting) -> str:
+    return about.flag or "--" + field.name.replace("_", "-")
+
+
+def _unwrap(kind) -> tuple[Any, bool]:
+    """(the annotation without ``| None``, whether None is allowed)."""
+    args = typing.get_args(kind)
+    if args and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else object), True
+    return kind, False
+
+
+def _base(kind) -> tuple[type, bool]:
+    """(the plain type, whether None is allowed) of an annotation such as ``int | None`` or
+    ``tuple[str, ...] | None`` (-> tuple)."""
+    inner, optional = _unwrap(kind)
+    return (typing.get_origin(inner) or inner), optional
+
+
+def _item_type(kind) -> type:
+    """The items' type of a tuple annotation (``tuple[int, ...]`` -> int; str when not said)."""
+    args = typing.get_args(_unwrap(kind)[0])
+    return args[0] if args and isinstance(args[0], type) else str
+
+
+def _number(x) -> str:
+    if x == 2**32 - 1:
+        return "2**32 - 1"  # the seed limit, as numpy states it
+    return str(int(x)) if float(x).is_integer() and abs(x) >= 1e6 else f"{x:g}"
+
+
+def _bounds_text(about: Setting) -> str:
+    low, top = about.low, about.high if about.high is not None else about.below
+    if low is not None and top is not None:
+        return (f"in {'(' if about.strict else '['}{_number(low)}, {_number(top)}"
+                f"{']' if about.below is None else ')'}")
+    if low is not None:
+        return f"{'>' if about.strict else '>='} {_number(low)}"
+    if top is not None:
+        return f"{'<=' if about.below is None else '<'} {_number(top)}"
+    return ""
+
+
+def check_value(name: str, value, kind, about: Setting):
+    """``value`` for the field ``name`` (its type ``kind``, its ``Setting``), checked; returns it (an int
+    given for a float, or a list for a tuple, converted). Raises InputError naming the field and the limit."""
+    base, optional = _base(kind)
+    if base in (object, Any):  # anything (a callable, a model): the field's user checks it
+        return value
+    if value is None:
+        if optional:
+            return None
+        raise InputError(f"{name} is required")
+    if base is bool:
+        if not isinstance(value, bool):
+            raise InputError(f"{name}={value!r}: pass True or False")
+        return value
+    if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InputError(f"{name}={value!r} must be an int{' ' + _bounds_text(about) if _bounds_text(about) else ''}")
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{name}={value!r} must be a number")
+        value = float(value)
+    if base is tuple:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise InputError(f"{name}={value!r} must be a list or tuple")
+        value = tuple(value)
+    if base is str and isinstance(value, os.PathLike):
+        value = os.fspath(value)  # a path given for a file or folder setting
+    if base is str and not isinstance(value, str):
+        raise InputError(f"{name}={value!r} must be a string")
+    if about.choices is not None and value not in about.choices:
+        raise InputError(f"{name}={value!r}: use one of {', '.join(map(str, about.choices))}")
+    if base in (int, float):
+        too_low = about.low is not None and (value <= about.low if about.strict else value < about.low)
+        too_high = ((about.high is not None and value > about.high)
+                    or (about.below is not None and value >= about.below))
+        if too_low or too_high:
+            raise InputError(f"{name}={value!r} is out of range: it must be {_bounds_text(about)}")
+    return value
+
+
+def check(run) -> None:
+    """Check every described field of the dataclass instance ``run`` (types, bounds, choices), normalising
+    ints given for floats and lists for tuples in place; the message names the field and its flag."""
+    for field, about, kind in described(type(run)):
+        name = f"{field.name} ({flag_of(field, about)})" if about.cli and not about.positional else field.name
+        object.__setattr__(run, field.name, check_value(name, getattr(run, field.name), kind, about))
+
+
+# ------------------------------------------------------------------------------------- the command line
+def number_type(kind: type, *, low=None, high=None, below=None, strict: bool = False):
+    """An argparse ``type`` for an int or float option with these bounds (as ``setting`` takes them): a
+    value out of them is refused by argparse, "must be in [0, 1), got 1.5". The commands' shared options
+    (``cli.common``) and every described field use it, so one bound reads the same everywhere."""
+    about = Setting("", low=low, high=high, below=below, strict=strict)
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        too_low = low is not None and (value <= low if strict else value < low)
+        if too_low or (high is not None and value > high) or (below is not None and value >= below):
+            raise argparse.ArgumentTypeError(f"must be {_bounds_text(about)}, got {_number(value)}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _parser_type(about: Setting, kind):
+    """The argparse ``type`` of a field: numbers by ``number_type``, a tuple from comma-separated items."""
+    base, _ = _base(kind)
+    if base is object:  # a path, or in Python something else too (a list of texts): the command line gives text
+        return str
+    if base in (int, float):
+        return number_type(base, low=about.low, high=about.high, below=about.below, strict=about.strict)
+    if base is tuple:
+        item = _item_type(kind)
+
+        def items(text: str) -> tuple:
+            try:
+                return tuple(item(t.strip()) for t in text.split(",") if t.strip())
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r}: every item must be a{'n' if item is int else ''} "
+                                                 f"{item.__name__}") from None
+        items.__name__ = "list"
+        return items
+    return base
+
+
+def help_text(field: dataclasses.Field, about: Setting) -> str:
+    """The option's help: the description, then its default as the user meets it (argparse's ``%`` escaped)."""
+    return _help_text(field, about).replace("%", "%%")
+
+
+def _help_text(field: dataclasses.Field, about: Setting) -> str:
+    if about.required or about.positional:
+        return about.help
+    default = field.default if field.default is not dataclasses.MISSING else None
+    if isinstance(default, bool):
+        return about.help
+    if default is None:
+        shown = about.default_text
+    elif isinstance(default, tuple):
+        shown = ",".join(map(str, default))
+    else:
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return f"{about.help} (default {shown})" if shown else about.help
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """An option (or positional argument) on ``parser`` for every described field of ``cls`` that the
+    command line takes (``cli=True``), except those named in ``skip``; returns the parser."""
+    fields = described(cls)  # what a command must be given first, then declaration order (a base class's first)
+    for field, about, kind in sorted(fields, key=lambda f: not (f[1].positional or f[1].required)):
+        if not about.cli or field.name in skip:
+            continue
+        base, _ = _base(kind)
+        if about.positional:
+            parser.add_argument(field.name, type=_parser_type(about, kind), help=help_text(field, about))
+            continue
+        names = [flag_of(field, about)]
+        if base is bool:
+            parser.add_argument(*names, dest=field.name, action="store_false" if about.negate else "store_true",
+                                default=field.default, help=help_text(field, about))
+            continue
+        options = {"dest": field.name, "help": help_text(field, about), "type": _parser_type(about, kind)}
+        if about.choices is not None:
+            options["choices"] = about.choices
+        if about.required:
+            options["required"] = True
+        else:
+            options["default"] = field.default if field.default is not dataclasses.MISSING else None
+        parser.add_argument(*names, **options)
+    return parser
+
+
+def from_args(cls, args: argparse.Namespace, **more):
+    """An instance of ``cls`` from parsed command-line arguments (the fields the parser has), plus ``more``
+    (fields the command fills itself); checked."""
+    values = {f.name: getattr(args, f.name) for f, about, _ in described(cls) if about.cli and hasattr(args, f.name)}
+    run = cls(**{**values, **more})
+    check(run)
+    return run
+
+
+def as_record(run) -> dict:
+    """The settings as plain JSON values (tuples as lists), for a run's record."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(run).items()
+            if not callable(v)}

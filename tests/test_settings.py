@@ -1,0 +1,145 @@
+"""Run settings declared once (minibert/settings.py, minibert/runs/settings.py): the checks, the command
+line, the CLI reference page and the Python API all come from one dataclass per command, and the
+recipes carry the defaults they were measured with."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, usage_error
+from minibert import InputError, settings
+from minibert.runs.settings import RECIPES, DistillRun, ExitsRun, FinetuneRun
+from minibert.settings import setting
+from minibert.training.settings import FitConfig
+
+#: every command whose options come from a run dataclass, and the library function that takes it
+RUNS = {"finetune": (FinetuneRun, "minibert.runs.finetune", "finetune"),
+        "exits": (ExitsRun, "minibert.runs.exits", "train_exits"),
+        "distill": (DistillRun, "minibert.runs.distill", "distill_corpus")}
+
+
+@dataclasses.dataclass(kw_only=True)
+class Example:
+    path: str = setting(help="a file", required=True)
+    count: int = setting(2, "how many", low=1, high=10)
+    rate: float | None = setting(None, "a rate", low=0.0, strict=True, default_text="chosen later")
+    share: float = setting(0.0, "a share", low=0.0, below=1.0)
+    kind: str = setting("a", "a kind", choices=("a", "b"))
+    names: tuple[str, ...] = setting(("x",), "some names")
+    quiet: bool = setting(True, "keep quiet", flag="--loud", negate=True)
+    hook: object = setting(None, "Python only", cli=False)
+
+
+def test_check_names_the_field_its_flag_and_the_limit():
+    settings.check(Example(path=Path("/tmp/x"), count=3, rate=1, names=["y"]))  # a path, an int, a list: accepted
+    run = Example(path=Path("/tmp/x"), rate=1, names=["y"])
+    settings.check(run)
+    assert run.path == "/tmp/x" and isinstance(run.rate, float) and run.names == ("y",)  # normalised
+    for bad, words in [({"count": 0}, r"count \(--count\)=0 is out of range: it must be in \[1, 10\]"),
+                       ({"count": True}, r"count \(--count\)=True must be an int"),
+                       ({"rate": 0.0}, r"rate \(--rate\)=0.0 is out of range: it must be > 0"),
+                       ({"share": 1.0}, r"it must be in \[0, 1\)"),
+                       ({"kind": "c"}, r"kind \(--kind\)='c': use one of a, b"),
+                       ({"path": 3}, r"path \(--path\)=3 must be a string")]:
+        with pytest.raises(InputError, match=words):
+            settings.check(Example(**{"path": "p", **bad}))
+
+
+def test_the_parser_comes_from_the_dataclass():
+    parser = settings.add_arguments(argparse.ArgumentParser(prog="example"), Example)
+    flags = {a.dest: a.option_strings for a in parser._actions if a.dest != "help"}
+    assert flags == {"path": ["--path"], "count": ["--count"], "rate": ["--rate"], "share": ["--share"],
+                     "kind": ["--kind"], "names": ["--names"], "quiet": ["--loud"]}  # hook: Python only
+    args = parser.parse_args(["--path", "p", "--count", "4", "--names", "a, b", "--loud"])
+    run = settings.from_args(Example, args)
+    assert (run.count, run.names, run.quiet, run.rate, run.share) == (4, ("a", "b"), False, None, 0.0)
+    assert "(default chosen later)" in parser.format_help() and "(default 2)" in parser.format_help()
+    for argv, words in [(["--count", "11"], "must be in [1, 10], got 11"), (["--count", "x"], "'x' is not an integer"),
+                        (["--rate", "0"], "must be > 0, got 0"), (["--share", "1"], "must be in [0, 1), got 1")]:
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--path", "p", *argv])
+        # the same words as the shared options of every other command
+    from minibert.cli.common import fraction, positive_int
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be >= 1, got 0"):
+        positive_int("0")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be in \[0, 1\), got 1.5"):
+        fraction("1.5")
+
+
+@pytest.mark.parametrize("command", sorted(RUNS))
+def test_cli_docs_and_python_api_are_one_declaration(command):
+    """The command's options are exactly the dataclass's command-line fields (flags, defaults, choices), the
+    CLI reference page lists each, and the library function takes the dataclass."""
+    import importlib
+
+    from minibert.cli import build_parser
+
+    cls, module, function = RUNS[command]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    options = {a.dest: a for a in sub._actions if a.dest != "help"}
+    fields = {f.name: (f, about) for f, about, _ in settings.described(cls) if about.cli}
+    assert set(options) == set(fields)
+    reference = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    section = reference.split(f"## minibert {command}\n")[1].split("\n## ")[0]
+    for name, (field, about) in fields.items():
+        action = options[name]
+        assert action.option_strings == [settings.flag_of(field, about)]
+        if field.default is not dataclasses.MISSING and not isinstance(field.default, bool):
+            assert action.default == field.default, name
+        assert (tuple(action.choices) if action.choices else None) == about.choices, name
+        assert f"`{settings.flag_of(field, about)}" in section, name
+    signature = inspect.signature(getattr(importlib.import_module(module), function))
+    assert list(signature.parameters)[0] == "run" and signature.parameters["run"].annotation in (cls, cls.__name__)
+
+
+def test_fitconfig_is_declared_once_and_checked():
+    FitConfig().check()
+    with pytest.raises(InputError, match=r"layer_decay=1.5 is out of range: it must be in \(0, 1\]"):
+        FitConfig(layer_decay=1.5).check()
+    with pytest.raises(InputError, match="bf16 and fp16 exclude each other"):
+        FitConfig(bf16=True, fp16=True).check()
+    assert issubclass(FinetuneRun, FitConfig)  # the loop's settings are the run's own, not repeated
+
+
+def test_recipes_carry_their_defaults_and_say_so():
+    assert set(RECIPES) == {"full", "gradual", "llrd", "lora", "scalarmix", "adapter", "prefix"}
+    for name, recipe in RECIPES.items():
+        run, said = FinetuneRun(train="t", eval="e", out="o", recipe=name).with_recipe_defaults()
+        assert (run.lr, run.epochs) == (recipe.lr, recipe.epochs) and said == [f"lr {recipe.lr:g}", f"epochs {recipe.epochs}"]
+        assert recipe.measured.startswith("accuracy 0.")  # the measurement it comes from
+    assert RECIPES["adapter"].lr > RECIPES["full"].lr  # full fine-tuning's rate left adapters at the majority class
+    run, said = FinetuneRun(train="t", eval="e", out="o", recipe="adapter", lr=3e-4).with_recipe_defaults()
+    assert run.lr == 3e-4 and said == ["epochs 3"]  # what the user gave is kept
+    with pytest.raises(InputError, match=r"lora_rank \(--lora-rank\) belongs to the lora recipe"):
+        FinetuneRun(train="t", eval="e", out="o", recipe="adapter", lora_rank=4).recipe_options()
+    assert FinetuneRun(train="t", eval="e", out="o", recipe="lora").recipe_options() == \
+        {"lora_rank": 8, "lora_targets": ("query", "value"), "merge_lora": False}
+
+
+def test_finetune_says_which_defaults_it_chose(tmp_path, capsys):
+    from test_finetune_cli import toy_rows, write_csv
+
+    from minibert.cli import main
+
+    base = Path(__file__).parent / "data" / "adapters" / "base"
+    train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
+    model = tmp_path / "base"
+    import shutil
+
+    shutil.copytree(base, model)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, 120)]
+    (model / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(model), "--out",
+                 str(tmp_path / "a"), "--recipe", "adapter", "--epochs", "1", "--adapter-size", "4",
+                 "--max-length", "16", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"recipe adapter: lr {RECIPES['adapter'].lr:g} (its defaults, measured: {RECIPES['adapter'].measured})" in out
+    assert "--batch-size: must be >= 1, got 0" in usage_error(capsys, "finetune", "--train", train, "--eval", train,
+                                                              "--out", tmp_path / "b", "--batch-size", "0")
