@@ -44,6 +44,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -60,6 +61,7 @@ from minibert.tools import timing  # noqa: E402
 from minibert.tools.encode import encode_texts  # noqa: E402
 from minibert.training.loop import parameter_groups  # noqa: E402
 from minibert.runs.pretrain import GEOMETRIES, geometry_config  # noqa: E402
+from minibert.runs.settings import PretrainRun  # noqa: E402
 from minibert.training.pretrain_data import Examples, TokenStore  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -275,11 +277,12 @@ def part_run(args, work, results):
     print(f"  run: {per_step:.2f} s a step of {batch} x 128 -> {steps} steps "
           f"(~{steps * per_step / 60:.0f} minutes on an idle machine)", flush=True)
     started = time.perf_counter()
-    summary = run_pretraining(corpus_files_for_runs(), out, geometry=args.geometry, vocab=str(MINILM),
-                              max_length=128, eval_texts=fetch_data.fetch_sentences() / "held.txt",
-                              config=run_config(steps, batch, args.lr, args.bf16),
-                              dropout=args.dropout, resume=read_record(out) is not None,  # a stopped run goes on
-                              untied=args.untied, log=print)
+    summary = run_pretraining(PretrainRun(**asdict(run_config(steps, batch, args.lr, args.bf16)),
+                                          corpus=corpus_files_for_runs(), out=out, geometry=args.geometry,
+                                          vocab=str(MINILM), max_length=128,
+                                          eval_texts=fetch_data.fetch_sentences() / "held.txt", dropout=args.dropout,
+                                          resume=read_record(out) is not None,  # a stopped run goes on
+                                          untied=args.untied), log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     results["run"] = {"geometry": args.geometry, "steps": steps, "batch": f"{batch} x 128", "lr": args.lr,
                       "bf16": args.bf16, "dropout": args.dropout, "minutes": args.minutes,
@@ -607,10 +610,10 @@ def part_longer(args, work, results):
     out = start.parent / f"{start.name}-plus{args.more_steps}"
     steps, batch, seed = args.more_steps, batch_rows(first["batch"]), 1
     if not (out / "pretrain.json").exists():
-        run_pretraining(corpus_files_for_runs(), out, model=str(start), max_length=128, store=start / "store",
-                        eval_texts=fetch_data.fetch_sentences() / "held.txt",
-                        config=run_config(steps, batch, first["lr"], first["bf16"], seed=seed),
-                        dropout=first["dropout"], resume=read_record(out) is not None, log=print)
+        run_pretraining(PretrainRun(**asdict(run_config(steps, batch, first["lr"], first["bf16"], seed=seed)),
+                                    corpus=corpus_files_for_runs(), out=out, model=str(start), max_length=128,
+                                    store=start / "store", eval_texts=fetch_data.fetch_sentences() / "held.txt",
+                                    dropout=first["dropout"], resume=read_record(out) is not None), log=print)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     tokenizer = BertTokenizer.from_pretrained(out)
     probe = probe_model(BertModel.from_pretrained(out), tokenizer, read_conllu(ROOT / "tests" / "data" / "pos_sample.conllu"),
@@ -829,7 +832,6 @@ def part_continued(args, work, results):
     from minibert.runs.finetune import finetune
     from minibert.runs.settings import FinetuneRun
     from minibert.runs.pretrain import run_pretraining
-    from minibert.training.pretrain import PretrainConfig
     from minibert.models import BertModel
 
     base = RESULTS / "pretrain-runs.tmp"
@@ -840,10 +842,10 @@ def part_continued(args, work, results):
     for name, mix in (("continued on tweets", None), ("continued, 20 % general text replayed", f"{general / 'train.txt'}:0.2")):
         out = base / ("continued-mix" if mix else "continued")
         started = time.perf_counter()
-        summary = run_pretraining([tweets], out, model=str(MINILM), max_length=64, mix=mix,
-                                  config=PretrainConfig(steps=args.continued_steps, batch_size=32, lr=1e-4,
-                                                        log_every=max(1, args.continued_steps // 20), progress=True),
-                                  overwrite=True, log=print)
+        summary = run_pretraining(PretrainRun(corpus=[tweets], out=out, model=str(MINILM), max_length=64, mix=mix,
+                                              steps=args.continued_steps, batch_size=32, lr=1e-4,
+                                              log_every=max(1, args.continued_steps // 20), progress=True,
+                                              overwrite=True), log=print)
         runs[name] = {"seconds": time.perf_counter() - started, "last_loss": summary.get("loss")}
         models[name] = out
     held = [s for s in (general / "held.txt").read_text(encoding="utf-8").split("\n") if s.strip()]

@@ -42,12 +42,13 @@ class Setting:
     cli: bool = True  # False: Python only (e.g. a callable)
     default_text: str | None = None  # how the help states a default of None (e.g. "the recipe's")
     negate: bool = False  # a bool field whose flag turns it off (``progress`` <- ``--quiet``)
+    nargs: str | None = None  # a tuple field given as several words ("+": one or more) instead of commas
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, required: bool = False, **about):
     """A dataclass field that describes itself (see the module docstring): ``about`` takes ``Setting``'s
     fields (``low``, ``high``, ``below``, ``strict``, ``choices``, ``flag``, ``positional``, ``cli``,
-    ``default_text``, ``negate``). A list or dict default is given as a callable (``default=list``), as
+    ``default_text``, ``negate``, ``nargs``). A list or dict default is given as a callable (``default=list``), as
     dataclasses want it."""
     if about.get("choices") is not None:
         about["choices"] = tuple(about["choices"])
@@ -234,6 +235,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...]
                                 default=field.default, help=help_text(field, about))
             continue
         options = {"dest": field.name, "help": help_text(field, about), "type": _parser_type(about, kind)}
+        if about.nargs is not None:  # several words, each an item
+            options |= {"nargs": about.nargs, "type": _item_type(kind)}
         if about.choices is not None:
             options["choices"] = about.choices
         if about.required:

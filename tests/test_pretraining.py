@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import cli_error, hf_config, random_hf_model, transformers
+from conftest import cli_error, hf_config, random_hf_model, transformers, usage_error
 from minibert import BertForMaskedLM, BertForPreTraining, BertModel, BertTokenizer, InputError
 from minibert.training.pretrain_data import (Examples, MaskingRule, TokenStore, continuation_table, mask_tokens,
                                              read_documents)
@@ -339,8 +339,8 @@ def test_one_pretraining_step_equals_transformers(pretraining_dir):
 RUN = """
 import os, signal, sys, torch
 from minibert import BertTokenizer
-from minibert.training.pretrain import PretrainConfig
 from minibert.runs.pretrain import run_pretraining
+from minibert.runs.settings import PretrainRun
 corpus, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "kill":
     import minibert.training.pretrain as P
@@ -351,9 +351,9 @@ if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)  # after the second checkpoint, mid-run
         return folder
     P._save_checkpoint = save_then_die
-config = PretrainConfig(steps=10, batch_size=4, accumulate=2, log_every=2, save_every=3, keep=2, lr=2e-3, progress=False)
-run_pretraining([corpus], out, layers=2, hidden=32, heads=4, intermediate=64, vocab=sys.argv[4], max_length=24,
-                nsp=True, config=config, resume=mode == "resume")
+run_pretraining(PretrainRun(corpus=[corpus], out=out, layers=2, hidden=32, heads=4, intermediate=64, vocab=sys.argv[4],
+                            max_length=24, nsp=True, resume=mode == "resume", steps=10, batch_size=4, accumulate=2,
+                            log_every=2, save_every=3, keep=2, lr=2e-3, progress=False))
 """
 
 
@@ -430,7 +430,8 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
     saved = BertForMaskedLM.from_pretrained(tmp_path / "student")
     assert saved.config.num_hidden_layers == 1 and not any(k.startswith("teacher") for k in saved.state_dict())
     assert "leave out --nsp" in cli_error(capsys, *student[:4], str(tmp_path / "s2"), *student[5:], "--nsp")
-    assert "--alpha" in cli_error(capsys, *student[:4], str(tmp_path / "s2"), *student[5:-3], "--alpha", "1.5", "--quiet")
+    assert "--alpha: must be in [0, 1], got 1.5" in usage_error(capsys, *student[:4], str(tmp_path / "s2"),
+                                                                *student[5:-3], "--alpha", "1.5", "--quiet")
     assert not (tmp_path / "s2").exists()  # refused before any work
     base = ["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "bad"), "--steps", "2", "--quiet"]
     for extra, message in ((["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", str(minilm_dir)],

@@ -13,12 +13,13 @@ import pytest
 
 from conftest import ROOT, usage_error
 from minibert import InputError, settings
-from minibert.runs.settings import RECIPES, DistillRun, ExitsRun, FinetuneRun
+from minibert.runs.settings import RECIPES, DistillRun, ExitsRun, FinetuneRun, PretrainRun
 from minibert.settings import setting
 from minibert.training.settings import FitConfig
 
 #: every command whose options come from a run dataclass, and the library function that takes it
 RUNS = {"finetune": (FinetuneRun, "minibert.runs.finetune", "finetune"),
+        "pretrain": (PretrainRun, "minibert.runs.pretrain", "run_pretraining"),
         "exits": (ExitsRun, "minibert.runs.exits", "train_exits"),
         "distill": (DistillRun, "minibert.runs.distill", "distill_corpus")}
 

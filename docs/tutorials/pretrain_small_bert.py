@@ -21,7 +21,7 @@ import minibert
 from minibert import BertTokenizer
 from minibert.analysis.lens import fill_mask
 from minibert.runs.pretrain import run_pretraining
-from minibert.training.pretrain import PretrainConfig
+from minibert.runs.settings import PretrainRun
 from minibert.training.pretrain_data import Examples, TokenStore
 
 root = Path(minibert.__file__).resolve().parents[1]
@@ -73,13 +73,13 @@ print(f"share of positions to predict: {chosen:.3f}")
 
 # %%
 run = run_pretraining(
-    [sentences / "train.txt"],
-    work / "tiny",
-    geometry="tiny",
-    vocab=str(folder),
-    max_length=64,
-    eval_texts=sentences / "held.txt",
-    config=PretrainConfig(
+    PretrainRun(
+        corpus=[sentences / "train.txt"],
+        out=work / "tiny",
+        geometry="tiny",
+        vocab=str(folder),
+        max_length=64,
+        eval_texts=sentences / "held.txt",
         steps=200,
         batch_size=32,
         lr=1e-3,
@@ -87,7 +87,7 @@ run = run_pretraining(
         log_every=10,
         eval_examples=128,
         progress=False,
-    ),
+    )
 )
 log = [
     json.loads(line) for line in (work / "tiny" / "log.jsonl").read_text().splitlines()
@@ -148,13 +148,17 @@ for text, predictions in zip(
 
 # %%
 continued = run_pretraining(
-    [sentences / "train.txt"],
-    work / "minilm",
-    model=str(folder),
-    max_length=64,
-    config=PretrainConfig(
-        steps=30, batch_size=16, lr=5e-4, log_every=10, progress=False
-    ),
+    PretrainRun(
+        corpus=[sentences / "train.txt"],
+        out=work / "minilm",
+        model=str(folder),
+        max_length=64,
+        steps=30,
+        batch_size=16,
+        lr=5e-4,
+        log_every=10,
+        progress=False,
+    )
 )
 log = [
     json.loads(line)

@@ -10,10 +10,8 @@ from pathlib import Path
 
 from ..errors import InputError, MissingExtra, not_found
 from ..checks import check_max_length, model_limit
-from .common import (OVERWRITE_HELP, batch_size_option, check_device, device_options, fraction,
-                     max_length_option,
-                     max_length_type, non_negative_float, positive_float, positive_int, quiet_option,
-                     read_lines, report_truncation, seed_option)
+from .common import (batch_size_option, check_device, device_options, max_length_option, max_length_type,
+                     positive_float, positive_int, quiet_option, read_lines, report_truncation)
 
 
 # ----------------------------------------------------------------------------------------- finetune
@@ -236,86 +234,22 @@ def cmd_exits(args) -> int:
 
 # ----------------------------------------------------------------------------------------- pretrain
 def add_pretrain(sub) -> None:
+    from ..runs.settings import PretrainRun
+    from ..settings import add_arguments
+
     p = sub.add_parser("pretrain", help="pre-train a BERT with its own objective (masked LM, optionally next "
-                                        "sentence): from scratch or continued", parents=[seed_option(), quiet_option()])
-    p.add_argument("--corpus", nargs="+", required=True, help="text files (a document per line, or documents "
-                   "separated by blank lines), .jsonl files (a 'text' field) or folders of them")
-    p.add_argument("--out", required=True, help="folder for the model, checkpoints/, log.jsonl and the token store")
-    start = p.add_argument_group("the model (one of)")
-    start.add_argument("--model", help="continue pre-training this checkpoint (its geometry and vocabulary)")
-    start.add_argument("--geometry", choices=["tiny", "mini", "small", "medium", "base"],
-                       help="from scratch: a BERT miniature (Turc et al. 2019): 2x128, 4x256, 4x512, 8x512, 12x768")
-    start.add_argument("--layers", type=positive_int, help="from scratch: blocks")
-    start.add_argument("--hidden", type=positive_int, help="from scratch: width")
-    start.add_argument("--heads", type=positive_int, help="from scratch: attention heads (default hidden / 64)")
-    start.add_argument("--intermediate", type=positive_int, help="from scratch: FFN width (default 4 x hidden)")
-    start.add_argument("--vocab", help="from scratch: a folder with vocab.txt (and tokenizer_config.json)")
-    start.add_argument("--untied", action="store_true", help="from scratch: a masked-LM decoder of its own instead of "
-                       "the word embeddings (not BERT: an ablation, see the pre-training results page)")
-    run = p.add_argument_group("the run")
-    run.add_argument("--max-length", type=max_length_type, default=128,
-                     help="tokens an example, [CLS] and [SEP] included: 3 (5 with --nsp) to the model's positions "
-                          "(default 128)")
-    budget = run.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=positive_int, help="optimiser steps")
-    budget.add_argument("--tokens", type=positive_int, help="a budget of tokens instead of steps")
-    run.add_argument("--batch-size", type=positive_int, default=32, help="examples a micro-batch (default 32)")
-    run.add_argument("--accumulate", type=positive_int, default=1, help="micro-batches a step (default 1)")
-    run.add_argument("--lr", type=positive_float, default=5e-4, help="peak learning rate (default 5e-4)")
-    run.add_argument("--warmup", type=non_negative_float, default=0.06, help="share of steps warming up (default 0.06)")
-    run.add_argument("--schedule", choices=["linear", "cosine"], default="linear", help="decay after warmup")
-    run.add_argument("--mask", type=positive_float, default=0.15, help="share of tokens masked (default 0.15)")
-    run.add_argument("--whole-word", action="store_true", help="mask whole words (a piece and its ## pieces)")
-    run.add_argument("--nsp", action="store_true", help="BERT's two-segment examples and the next-sentence head")
-    run.add_argument("--mix", help="FILE:share -- replay general text for that share of the examples")
-    run.add_argument("--eval-texts", help="held-out text: masked-LM loss, perplexity, accuracy every --eval-every")
-    run.add_argument("--eval-every", type=positive_int, help="steps between evaluations")
-    run.add_argument("--save-every", type=positive_int, help="steps between checkpoints, the last step included "
-                     "(default: none -- the model is written at the end either way, but a run without checkpoints "
-                     "cannot be resumed)")
-    run.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (default 3)")
-    run.add_argument("--snapshots", type=positive_int, default=None, help="also keep the model at step 0 and at this "
-                     "many log-spaced steps, in OUT/snapshots/ (for minibert probe-over-time)")
-    run.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines (default 10)")
-    run.add_argument("--resume", action="store_true", help="continue the unfinished run in --out from its newest "
-                     "checkpoint (same settings; it ends bit for bit as the uninterrupted run would have); a finished "
-                     "run has nothing to resume, and a longer run is a new one: --model OUT --out NEW")
-    run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    half = run.add_mutually_exclusive_group()
-    half.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 master weights)")
-    half.add_argument("--fp16", action="store_true", help="fp16 autocast with loss scaling (CUDA only)")
-    run.add_argument("--device", help="where to train: cpu (default), cuda or cuda:N")
-    run.add_argument("--dropout", type=fraction, help="every dropout at this probability while training, in [0, 1) "
-                     "(default: the model's, 0.1 from scratch; 0 turns it off)")
-    run.add_argument("--teacher", help="a masked-LM folder to distil from while pre-training (DistilBERT: its soft "
-                     "predictions at the masked tokens, weight --alpha, temperature --temperature)")
-    run.add_argument("--temperature", type=positive_float, help="with --teacher (default 2)")
-    run.add_argument("--alpha", type=non_negative_float, help="with --teacher: the soft term's weight in [0, 1], "
-                     "1 - alpha the masked-LM loss's (default 0.5)")
+                                        "sentence): from scratch or continued")
+    add_arguments(p, PretrainRun)
     p.set_defaults(func=cmd_pretrain)
 
 
 def cmd_pretrain(args) -> int:
     from ..runs.pretrain import run_pretraining
-    from ..training.pretrain import PretrainConfig
+    from ..runs.settings import PretrainRun
+    from ..settings import from_args
 
-    if args.steps is None and args.tokens is None:
-        raise InputError("give --steps N or --tokens N (how long to train)")
-    if args.eval_every is not None and args.eval_texts is None:
-        raise InputError("--eval-every needs --eval-texts (held-out text to evaluate on)")
-    config = PretrainConfig(steps=args.steps, tokens=args.tokens, batch_size=args.batch_size, accumulate=args.accumulate,
-                            lr=args.lr, warmup=args.warmup, schedule=args.schedule, bf16=args.bf16,
-                            fp16=args.fp16, eval_every=args.eval_every, save_every=args.save_every, keep=args.keep,
-                            snapshots=args.snapshots or 0,
-                            log_every=args.log_every, seed=args.seed, progress=not args.quiet)
-    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
-    summary = run_pretraining(args.corpus, args.out, model=args.model, geometry=args.geometry, layers=args.layers,
-                              hidden=args.hidden, heads=args.heads, intermediate=args.intermediate, vocab=args.vocab,
-                              max_length=args.max_length, nsp=args.nsp, whole_word=args.whole_word, mask=args.mask,
-                              config=config, eval_texts=args.eval_texts, mix=args.mix, dropout=args.dropout,
-                              resume=args.resume, overwrite=args.overwrite, teacher=args.teacher,
-                              temperature=args.temperature, alpha=args.alpha, untied=args.untied, device=args.device,
-                              log=log)
+    run = from_args(PretrainRun, args)
+    summary = run_pretraining(run, log=(lambda line: print(line, file=sys.stderr)) if run.progress else None)
     if summary.get("nothing_to_resume"):
         print(f"nothing to resume: {args.out} holds a finished run of {summary.get('steps', '?')} steps; nothing written")
         return 0

@@ -29,6 +29,7 @@ the same tokens and one distilled from the deepest (DistilBERT's pre-training ob
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import warnings
@@ -292,8 +293,9 @@ def _study_hint(shown: str, path: Path, total: int) -> str:
 
 def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, config: DepthStudyConfig,
                   log, teacher=None, device=None) -> dict:
-    from .pretrain import run_pretraining
     from ..training.pretrain import PretrainConfig
+    from .pretrain import run_pretraining
+    from .settings import PretrainRun
 
     pconfig = PretrainConfig(steps=run.steps, batch_size=config.batch_size, lr=config.lr, warmup=config.warmup,
                              bf16=config.bf16, eval_every=run.steps, eval_examples=config.eval_examples,
@@ -306,10 +308,12 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
             return _pretrain_measures(saved["last"], run, config)
     with warnings.catch_warnings():  # a run is resumed when it was started before, begun when not: both are normal
         warnings.filterwarnings("ignore", message="(resume|nothing to resume)")
-        summary = run_pretraining(files, folder, layers=run.depth, hidden=config.hidden, heads=config.heads,
-                                  intermediate=config.intermediate, vocab=str(vocab), max_length=config.max_length,
-                                  config=pconfig, eval_texts=eval_texts, dropout=config.dropout, resume=True,
-                                  store=store, teacher=teacher, device=device, log=None)
+        summary = run_pretraining(PretrainRun(**dataclasses.asdict(pconfig), corpus=files, out=folder,
+                                              layers=run.depth, hidden=config.hidden, heads=config.heads,
+                                              intermediate=config.intermediate, vocab=str(vocab),
+                                              max_length=config.max_length, eval_texts=eval_texts,
+                                              dropout=config.dropout, resume=True, store=store, teacher=teacher,
+                                              device=device), log=None)
     return _pretrain_measures(summary, run, config)
 
 

@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from ..config import BertConfig
 from ..errors import InputError
@@ -30,10 +30,9 @@ from ..tokenizer import BertTokenizer
 from ..training import ddp
 from ..training.pretrain import PretrainConfig, pretrain
 from ..training.pretrain_data import Examples, MaskingRule, MixedExamples, TokenStore, corpus_files
+from .settings import GEOMETRIES, PretrainRun  # noqa: F401  (GEOMETRIES: geometry_config's, and the benchmarks')
 from .skeleton import resolved
 
-#: Turc et al. 2019's miniatures: (layers, hidden)
-GEOMETRIES = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
 
 
 def geometry_config(vocab_size: int, *, geometry: str | None = None, layers: int | None = None,
@@ -58,144 +57,61 @@ def geometry_config(vocab_size: int, *, geometry: str | None = None, layers: int
                       max_position_embeddings=max_positions)
 
 
-def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geometry: str | None = None,
-                    layers: int | None = None, hidden: int | None = None, heads: int | None = None,
-                    intermediate: int | None = None, vocab: str | None = None, max_length: int = 128,
-                    nsp: bool = False, whole_word: bool = False, mask: float = 0.15,
-                    config: PretrainConfig = PretrainConfig(steps=1000), eval_texts=None, mix: str | None = None,
-                    dropout: float | None = None, resume: bool = False, overwrite: bool = False, store=None,
-                    teacher=None, temperature: float | None = None, alpha: float | None = None,
-                    untied: bool = False, device=None, log: Callable[[str], None] | None = None) -> dict:
-    """The whole command (see the module docstring). ``dropout``: every dropout of the model at this
-    probability while it trains (None: the config's, 0.1 from scratch). ``store``: the corpus' token store
-    folder (default OUT/store; runs on one corpus and vocabulary can share one). ``teacher``: a masked-LM
-    folder (or ``BertForMaskedLM``) the model also learns from, DistilBERT's way
-    (``distill.MaskedLMDistiller`` with ``temperature``, default 2, and ``alpha``, default 0.5; not with
-    NSP). ``untied``: from scratch, a masked-LM decoder of its own instead of the word embeddings
-    (``untied.py``; not BERT, an ablation). ``device``: where the model trains ("cpu", "cuda", "cuda:N";
-    None: the CPU; fp16 needs CUDA).
+def run_pretraining(run: PretrainRun, *, log: Callable[[str], None] | None = None) -> dict:
+    """The whole command (see the module docstring and ``PretrainRun`` for every setting). ``dropout``:
+    every dropout of the model at this probability while it trains (None: the config's, 0.1 from scratch).
+    ``store``: the corpus' token store folder (default OUT/store). ``teacher``: a masked-LM folder (or
+    ``BertForMaskedLM``) the model also learns from, DistilBERT's way (``distill.MaskedLMDistiller`` with
+    ``temperature``, default 2, and ``alpha``, default 0.5; not with NSP). ``untied``: from scratch, a
+    masked-LM decoder of its own instead of the word embeddings (``untied.py``; not BERT, an ablation).
+    ``device``: where the model trains (fp16 needs CUDA).
 
-    ``out_dir`` follows the output-folder rule (``outputs.RunFolder``): not a model folder read here, empty
+    ``run.out`` follows the output-folder rule (``outputs.RunFolder``): not a model folder read here, empty
     or new unless ``resume`` (the unfinished run there goes on, same settings; a finished one has nothing
-    to resume and is returned as it is) or ``overwrite`` (replaced). Every argument and file is checked
+    to resume and is returned as it is) or ``overwrite`` (replaced). Every setting and file is checked
     before anything is created. Returns ``pretrain``'s summary."""
-    from ..checks import check_fraction, check_max_length
-    from ..models.pretraining import BertForMaskedLM, BertForPreTraining
     from ..outputs import RunFolder
-    from ..tools.surgery import check_dropout, dropout as dropout_at
+    from ..tools.surgery import dropout as dropout_at
 
-    # everything that can be checked without loading anything, before any file is created
-    config.check()
-    where = training_device(device)
-    if config.fp16 and where.type != "cuda":
-        raise InputError("--fp16 needs a CUDA device (--device cuda); on a CPU use --bf16")
-    check_fraction("--mask", mask)
-    if not 0 < mask:
-        raise InputError("--mask must be more than 0: a masked-LM needs masked tokens")
-    if dropout is not None:
-        check_dropout(dropout)
-    if teacher is None:
-        if temperature is not None or alpha is not None:
-            raise InputError("--temperature and --alpha go with --teacher (distillation while pre-training)")
-    else:
-        if nsp:
-            raise InputError("a teacher distils the masked-LM predictions only: leave out --nsp")
-        temperature = 2.0 if temperature is None else temperature
-        alpha = 0.5 if alpha is None else alpha
-        check_fraction("--alpha", alpha, closed=True)
-        if not temperature > 0:
-            raise InputError(f"--temperature {temperature!r} must be > 0")
-    scratch = model is None
-    if untied and not scratch:
-        raise InputError("--untied makes a new decoder from scratch: a continued model keeps its checkpoint's head "
-                         "(config.json's tie_word_embeddings)")
-    if scratch and vocab is None:
-        raise InputError("from scratch, give --vocab FOLDER (a vocab.txt and tokenizer_config.json, e.g. "
-                         "weights/all-MiniLM-L6-v2): the ids the model learns")
-    if not scratch and any(v is not None for v in (geometry, layers, hidden, heads, intermediate, vocab)):
-        raise InputError("--model continues a checkpoint (its geometry and vocabulary): leave out --geometry, "
-                         "--layers, --hidden, --heads, --intermediate and --vocab")
-    check_max_length("--max-length", max_length, 1 << 16, pair=nsp)  # the model's own limit: below
-    files = corpus_files(corpus)  # every file exists and is readable, before the first is tokenised
-    eval_files = corpus_files([eval_texts], "--eval-texts file") if eval_texts is not None else None
-    mix_share = None
-    if mix is not None:
-        path, _, share = mix.rpartition(":")
-        try:
-            mix_share = float(share)
-        except ValueError:
-            raise InputError(f"--mix {mix!r}: give FILE:share, e.g. general.txt:0.2") from None
-        check_fraction("--mix share", mix_share)
-        if not path:
-            raise InputError(f"--mix {mix!r}: give FILE:share, e.g. general.txt:0.2")
-        mix_files = corpus_files([path], "--mix file")
+    where, files, eval_files, mix_files, mix_share = _checked(run)  # before any file is created
+    config = run.pretrain_config()
     rank = ddp.rank()
-    folder = RunFolder(out_dir, command="pretrain", reads={"--model": model, "--teacher": teacher, "--vocab": vocab},
-                       resume=resume, overwrite=overwrite, writer=rank == 0)
+    folder = RunFolder(run.out, command="pretrain", writer=rank == 0, resume=run.resume, overwrite=run.overwrite,
+                       reads={"--model": run.model, "--teacher": run.teacher, "--vocab": run.vocab})
     out_dir = folder.path
     if rank != 0:
         log = None  # process 0 alone speaks
-
-    # the vocabulary and the model (loaded or built: nothing is written yet)
-    cls = BertForPreTraining if nsp else BertForMaskedLM
-    if scratch:
-        tokenizer = BertTokenizer.from_pretrained(vocab)
-        bert_config = geometry_config(len(tokenizer.vocab), geometry=geometry, layers=layers, hidden=hidden,
-                                      heads=heads, intermediate=intermediate)
-        bert_config = dataclasses.replace(bert_config, tie_word_embeddings=not untied)
-        check_max_length("--max-length", max_length, bert_config.max_position_embeddings, pair=nsp)
-        check_training_memory(bert_config, config, max_length, mask)
-        net = cls.from_config(bert_config, seed=config.seed)
-    else:
-        tokenizer = BertTokenizer.from_pretrained(model)
-        net = cls.from_pretrained(model, seed=config.seed).train()
-        check_max_length("--max-length", max_length, net.config.max_position_embeddings, pair=nsp)
-    tokenizer.check_fits(net.config, "the model")
-    if teacher is not None:  # the teacher loads and predicts this vocabulary's words
-        if not isinstance(teacher, BertForMaskedLM):
-            teacher = BertForMaskedLM.from_pretrained(teacher)
-        tokenizer.check_fits(teacher.config, "the teacher")
+    net, tokenizer, teacher = _models(run, config)  # loaded or built: nothing is written yet
     if ddp.is_distributed():
         ddp.init()
-    rule = MaskingRule(probability=mask, whole_word=whole_word)
-    source = vocab if scratch else model  # the tokenizer files every checkpoint and snapshot gets
+    rule = MaskingRule(probability=run.mask, whole_word=run.whole_word)
+    source = run.vocab if run.scratch else run.model  # the tokenizer files every checkpoint and snapshot gets
     shape = net.config  # the geometry as built: --geometry tiny and --layers 2 --hidden 128 are the same run
-    settings = {"corpus": [resolved(f) for f in files], "model": resolved(model), "vocab": resolved(vocab),
+    temperature, alpha = _teacher_weights(run)
+    settings = {"corpus": [resolved(f) for f in files], "model": resolved(run.model), "vocab": resolved(run.vocab),
                 "layers": shape.num_hidden_layers, "hidden": shape.hidden_size, "heads": shape.num_attention_heads,
-                "intermediate": shape.intermediate_size, "untied": untied, "max_length": max_length, "nsp": nsp,
-                "whole_word": whole_word, "mask": mask, "mix": None if mix is None else [resolved(mix_files[0]), mix_share],
-                "eval_texts": None if eval_files is None else [resolved(f) for f in eval_files], "dropout": dropout,
-                "teacher": resolved(teacher), "temperature": temperature, "alpha": alpha,
+                "intermediate": shape.intermediate_size, "untied": run.untied, "max_length": run.max_length,
+                "nsp": run.nsp, "whole_word": run.whole_word, "mask": run.mask,
+                "mix": None if run.mix is None else [resolved(mix_files[0]), mix_share],
+                "eval_texts": None if eval_files is None else [resolved(f) for f in eval_files], "dropout": run.dropout,
+                "teacher": resolved(run.teacher), "temperature": temperature, "alpha": alpha,
                 **{k: v for k, v in config.recorded().items() if k not in CHANGEABLE}}
-
-    with folder.claim(settings) as run:
-        run.resume_hint = lambda: resume_hint(out_dir, folder.shown)
-        if run.finished:
-            summary = run.finished_summary("pretrain") or {}
+    with folder.claim(settings) as claimed:
+        claimed.resume_hint = lambda: resume_hint(out_dir, folder.shown)
+        if claimed.finished:
+            summary = claimed.finished_summary("pretrain") or {}
             message = (f"nothing to resume: {folder.shown} holds a finished run ({summary.get('steps', '?')} steps); "
                        "--overwrite trains it again from the start, --model continues from its weights in a new run")
             warnings.warn(message, stacklevel=2)
             return {**summary, "nothing_to_resume": True}
-        if run.state == "new" and resume:
+        if claimed.state == "new" and run.resume:
             warnings.warn(f"resume: {folder.shown} holds no run (nothing to resume): starting from step 0",
                           stacklevel=2)
-        store_folder = out_dir / "store" if store is None else Path(store)
-        store_ = _store(files, tokenizer, store_folder, config.progress, log)
-        examples = Examples(store_, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=config.seed)
-        if mix is not None:
-            other = _store(mix_files, tokenizer, out_dir / "mix-store", config.progress, log)
-            examples = MixedExamples(examples, Examples(other, tokenizer, max_length=max_length, nsp=nsp, rule=rule,
-                                                        seed=config.seed + 1), mix_share)
-        held = None
-        if eval_texts is not None:
-            held = held_examples(eval_texts, tokenizer, out_dir / "eval-store", max_length=max_length, nsp=nsp,
-                                 rule=rule, progress=config.progress, log=log)
-            config = dataclasses.replace(config, eval_examples=min(config.eval_examples, held.per_epoch))
-        if scratch and log is not None:
-            log(f"from scratch: {bert_config.num_hidden_layers} x {bert_config.hidden_size}, "
-                f"{bert_config.num_attention_heads} heads, FFN {bert_config.intermediate_size}, vocabulary "
-                f"{bert_config.vocab_size:,}{', untied decoder' if untied else ''} "
-                f"({sum(p.numel() for p in net.parameters()):,} parameters)")
+        examples, held, config = _examples(run, config, tokenizer, rule, files, mix_files, mix_share, out_dir, log)
+        if run.scratch and log is not None:
+            log(f"from scratch: {shape.num_hidden_layers} x {shape.hidden_size}, {shape.num_attention_heads} heads, "
+                f"FFN {shape.intermediate_size}, vocabulary {shape.vocab_size:,}"
+                f"{', untied decoder' if run.untied else ''} ({sum(p.numel() for p in net.parameters()):,} parameters)")
         net.to(where)
         if teacher is not None and next(teacher.parameters()).device != where:
             teacher = copy.deepcopy(teacher).to(where)  # the caller's teacher stays where it is
@@ -204,19 +120,98 @@ def run_pretraining(corpus: Sequence, out_dir, *, model: str | None = None, geom
             from ..training.distill import MaskedLMDistiller
 
             trained = MaskedLMDistiller(teacher, net, temperature=temperature, alpha=alpha)
-        if log is not None:
-            steps = config.total_steps(max_length)
-            log(f"{store_}; {examples.per_epoch:,} examples of {max_length} tokens an epoch; {steps:,} steps of "
-                f"{config.batch_size * config.accumulate} examples "
-                f"({steps * config.batch_size * config.accumulate / examples.per_epoch:.2f} epochs)")
-        with (dropout_at(net, dropout) if dropout is not None else contextlib.nullcontext()):
+        with (dropout_at(net, run.dropout) if run.dropout is not None else contextlib.nullcontext()):
             summary = pretrain(trained, examples, config, out_dir, eval_examples=held,
-                               resume=resume and run.state != "new",  # a new folder: said above, once
+                               resume=run.resume and claimed.state != "new",  # a new folder: said above, once
                                tokenizer_source=source, log=log)
         if rank == 0:
             copy_tokenizer(source, out_dir)
-            run.note(pretrain=summary)
+            claimed.note(pretrain=summary)
     return summary
+
+
+def _teacher_weights(run: PretrainRun) -> tuple[float | None, float | None]:
+    """The distillation's temperature and alpha (2 and 0.5 unless given; None without a teacher)."""
+    if run.teacher is None:
+        return None, None
+    return (2.0 if run.temperature is None else run.temperature), (0.5 if run.alpha is None else run.alpha)
+
+
+def _checked(run: PretrainRun):
+    """Everything that can be checked without loading anything: the settings, the device, the files (each
+    exists and is readable, before the first is tokenised), the --mix share. Returns (device, corpus
+    files, eval files or None, mix files or None, mix share or None)."""
+    from ..checks import check_fraction, check_max_length
+
+    run.check()
+    where = training_device(run.device)
+    if run.fp16 and where.type != "cuda":
+        raise InputError("--fp16 needs a CUDA device (--device cuda); on a CPU use --bf16")
+    check_max_length("--max-length", run.max_length, 1 << 16, pair=run.nsp)  # the model's own limit: later
+    files = corpus_files(run.corpus)
+    eval_files = corpus_files([run.eval_texts], "--eval-texts file") if run.eval_texts is not None else None
+    mix_files = mix_share = None
+    if run.mix is not None:
+        path, _, share = run.mix.rpartition(":")
+        try:
+            mix_share = float(share)
+        except ValueError:
+            raise InputError(f"--mix {run.mix!r}: give FILE:share, e.g. general.txt:0.2") from None
+        check_fraction("--mix share", mix_share)
+        if not path:
+            raise InputError(f"--mix {run.mix!r}: give FILE:share, e.g. general.txt:0.2")
+        mix_files = corpus_files([path], "--mix file")
+    return where, files, eval_files, mix_files, mix_share
+
+
+def _models(run: PretrainRun, config: PretrainConfig):
+    """(the model to train, its tokenizer, the teacher or None): built from scratch (``run.geometry`` or
+    sizes, ``run.vocab``) or loaded (``run.model``), checked against ``max_length`` and the tokenizer."""
+    from ..checks import check_max_length
+    from ..models.pretraining import BertForMaskedLM, BertForPreTraining
+
+    cls = BertForPreTraining if run.nsp else BertForMaskedLM
+    if run.scratch:
+        tokenizer = BertTokenizer.from_pretrained(run.vocab)
+        bert_config = geometry_config(len(tokenizer.vocab), geometry=run.geometry, layers=run.layers,
+                                      hidden=run.hidden, heads=run.heads, intermediate=run.intermediate)
+        bert_config = dataclasses.replace(bert_config, tie_word_embeddings=not run.untied)
+        check_max_length("--max-length", run.max_length, bert_config.max_position_embeddings, pair=run.nsp)
+        check_training_memory(bert_config, config, run.max_length, run.mask)
+        net = cls.from_config(bert_config, seed=config.seed)
+    else:
+        tokenizer = BertTokenizer.from_pretrained(run.model)
+        net = cls.from_pretrained(run.model, seed=config.seed).train()
+        check_max_length("--max-length", run.max_length, net.config.max_position_embeddings, pair=run.nsp)
+    tokenizer.check_fits(net.config, "the model")
+    teacher = run.teacher
+    if teacher is not None:  # the teacher loads and predicts this vocabulary's words
+        if not isinstance(teacher, BertForMaskedLM):
+            teacher = BertForMaskedLM.from_pretrained(teacher)
+        tokenizer.check_fits(teacher.config, "the teacher")
+    return net, tokenizer, teacher
+
+
+def _examples(run: PretrainRun, config: PretrainConfig, tokenizer, rule, files, mix_files, mix_share, out_dir, log):
+    """(the run's examples, the held-out ones or None, the config with its evaluation size fitted): the token
+    stores built once (or reused), a --mix replayed, and what an epoch and the run hold said."""
+    store_folder = out_dir / "store" if run.store is None else Path(run.store)
+    store_ = _store(files, tokenizer, store_folder, config.progress, log)
+    examples = Examples(store_, tokenizer, max_length=run.max_length, nsp=run.nsp, rule=rule, seed=config.seed)
+    if mix_files is not None:
+        other = _store(mix_files, tokenizer, out_dir / "mix-store", config.progress, log)
+        examples = MixedExamples(examples, Examples(other, tokenizer, max_length=run.max_length, nsp=run.nsp,
+                                                    rule=rule, seed=config.seed + 1), mix_share)
+    held = None
+    if run.eval_texts is not None:
+        held = held_examples(run.eval_texts, tokenizer, out_dir / "eval-store", max_length=run.max_length,
+                             nsp=run.nsp, rule=rule, progress=config.progress, log=log)
+        config = dataclasses.replace(config, eval_examples=min(config.eval_examples, held.per_epoch))
+    if log is not None:
+        steps, per_step = config.total_steps(run.max_length), config.batch_size * config.accumulate
+        log(f"{store_}; {examples.per_epoch:,} examples of {run.max_length} tokens an epoch; {steps:,} steps of "
+            f"{per_step} examples ({steps * per_step / examples.per_epoch:.2f} epochs)")
+    return examples, held, config
 
 
 #: settings a resumed run may change (how often it logs, evaluates, saves; what it keeps)

@@ -5,6 +5,7 @@ CLI builds its parser without importing torch.
     FinetuneRun   minibert finetune   (``runs.finetune.finetune(run)``)
     ExitsRun      minibert exits      (``runs.exits.train_exits(run)``)
     DistillRun    minibert distill    (``runs.distill.distill_corpus(run)`` / ``distill_task(run)``)
+    PretrainRun   minibert pretrain   (``runs.pretrain.run_pretraining(run)``)
 
 and the recipes' own defaults (``RECIPES``): what trains, the learning rate and the epochs each recipe was
 measured to work with. A run that leaves ``lr`` or ``epochs`` unset takes its recipe's, and says so.
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from ..settings import setting
-from ..training.settings import RESUME_HELP, FitConfig  # noqa: F401  (RESUME_HELP: for the CLI)
+from ..training.settings import RESUME_HELP, FitConfig, PretrainConfig  # noqa: F401  (RESUME_HELP: for the CLI)
 
 DEFAULT_MODEL = "bert-base-uncased"
 MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
@@ -248,3 +249,76 @@ class DistillRun(FitConfig):
 
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else (5e-4 if self.mode == "embeddings" else 5e-5)
+
+
+#: Turc et al. 2019's miniatures: (layers, hidden)
+GEOMETRIES = {"tiny": (2, 128), "mini": (4, 256), "small": (4, 512), "medium": (8, 512), "base": (12, 768)}
+
+
+@dataclass(kw_only=True)
+class PretrainRun(PretrainConfig):
+    """``minibert pretrain``: a BERT pre-trained with its own objective (masked LM, optionally next sentence)
+    from corpus files, from scratch (``geometry`` or ``layers`` / ``hidden``, with ``vocab``) or continued
+    (``model``). The loop's settings (``PretrainConfig``) are its own too."""
+
+    corpus: tuple[str, ...] = setting(help="text files (a document per line, or documents separated by blank "
+                                      "lines), .jsonl files (a 'text' field) or folders of them", required=True,
+                                      nargs="+")
+    out: str = setting(help="folder for the model, checkpoints/, log.jsonl and the token store", required=True)
+    model: str | None = setting(None, "continue pre-training this checkpoint (its geometry and vocabulary)")
+    geometry: str | None = setting(None, "from scratch: a BERT miniature (Turc et al. 2019): 2x128, 4x256, 4x512, "
+                                   "8x512, 12x768", choices=tuple(GEOMETRIES))
+    layers: int | None = setting(None, "from scratch: blocks", low=1)
+    hidden: int | None = setting(None, "from scratch: width", low=1)
+    heads: int | None = setting(None, "from scratch: attention heads", low=1, default_text="hidden / 64")
+    intermediate: int | None = setting(None, "from scratch: FFN width", low=1, default_text="4 x hidden")
+    vocab: str | None = setting(None, "from scratch: a folder with vocab.txt (and tokenizer_config.json)")
+    untied: bool = setting(False, "from scratch: a masked-LM decoder of its own instead of the word embeddings (not "
+                           "BERT: an ablation, see the pre-training results page)")
+    max_length: int = setting(128, "tokens an example, [CLS] and [SEP] included: 3 (5 with --nsp) to the model's "
+                              "positions", low=3)
+    mask: float = setting(0.15, "share of tokens masked", low=0.0, strict=True, below=1.0)
+    whole_word: bool = setting(False, "mask whole words (a piece and its ## pieces)")
+    nsp: bool = setting(False, "BERT's two-segment examples and the next-sentence head")
+    mix: str | None = setting(None, "FILE:share -- replay general text for that share of the examples")
+    eval_texts: str | None = setting(None, "held-out text: masked-LM loss, perplexity, accuracy every --eval-every")
+    resume: bool = setting(False, "continue the unfinished run in --out from its newest checkpoint (same settings; "
+                           "it ends bit for bit as the uninterrupted run would have); a finished run has nothing to "
+                           "resume, and a longer run is a new one: --model OUT --out NEW")
+    overwrite: bool = setting(False, OVERWRITE_HELP)
+    device: str | None = setting(None, "where to train: cpu (default), cuda or cuda:N")
+    dropout: float | None = setting(None, "every dropout at this probability while training, in [0, 1)", low=0.0,
+                                    below=1.0, default_text="the model's, 0.1 from scratch; 0 turns it off")
+    teacher: str | object | None = setting(None, "a masked-LM folder to distil from while pre-training (DistilBERT: "
+                                           "its soft predictions at the masked tokens, weight --alpha, temperature "
+                                           "--temperature); in Python a BertForMaskedLM too")
+    temperature: float | None = setting(None, "with --teacher", low=0.0, strict=True, default_text="2")
+    alpha: float | None = setting(None, "with --teacher: the soft term's weight in [0, 1], 1 - alpha the masked-LM "
+                                  "loss's", low=0.0, high=1.0, default_text="0.5")
+    store: str | None = setting(None, "the corpus' token store folder (runs on one corpus and vocabulary can share "
+                                "one)", cli=False, default_text="OUT/store")
+
+    @property
+    def scratch(self) -> bool:
+        return self.model is None
+
+    def check(self) -> None:
+        """The settings, and what goes together (a start from scratch or a checkpoint; a teacher's options)."""
+        super().check()
+        if self.eval_every is not None and self.eval_texts is None:
+            raise InputError("--eval-every needs --eval-texts (held-out text to evaluate on)")
+        if self.teacher is None:
+            if self.temperature is not None or self.alpha is not None:
+                raise InputError("--temperature and --alpha go with --teacher (distillation while pre-training)")
+        elif self.nsp:
+            raise InputError("a teacher distils the masked-LM predictions only: leave out --nsp")
+        if self.untied and not self.scratch:
+            raise InputError("--untied makes a new decoder from scratch: a continued model keeps its checkpoint's "
+                             "head (config.json's tie_word_embeddings)")
+        if self.scratch and self.vocab is None:
+            raise InputError("from scratch, give --vocab FOLDER (a vocab.txt and tokenizer_config.json, e.g. "
+                             "weights/all-MiniLM-L6-v2): the ids the model learns")
+        if not self.scratch and any(v is not None for v in (self.geometry, self.layers, self.hidden, self.heads,
+                                                            self.intermediate, self.vocab)):
+            raise InputError("--model continues a checkpoint (its geometry and vocabulary): leave out --geometry, "
+                             "--layers, --hidden, --heads, --intermediate and --vocab")

@@ -34,7 +34,6 @@ import math
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -42,69 +41,15 @@ import torch
 from torch import nn
 
 from ..analysis.timeline import snapshot_folder
-from ..checks import check_fraction, check_positive, check_seed
 from ..errors import InputError
 from ..loading import copy_tokenizer
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
 from .loop import check_finite, optimizer_step, parameter_groups, rng_state, set_rng_state
 from .pretrain_data import Examples
+from .settings import PretrainConfig  # the loop's settings, declared with the others (no torch there)
 
-SCHEDULES = ("linear", "cosine")
 STATE_FILE = "training_state.pt"
-
-
-@dataclass
-class PretrainConfig:
-    steps: int | None = None  # optimiser steps; or
-    tokens: int | None = None  # a budget of tokens (steps = tokens / (batch_size x accumulate x max_length))
-    batch_size: int = 32  # examples per micro-batch (the whole job's, under torchrun)
-    accumulate: int = 1  # micro-batches per optimiser step
-    lr: float = 5e-4
-    warmup: float = 0.06  # share of the steps spent warming up
-    schedule: str = "linear"  # decay after warmup: linear or cosine, to 0
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-6
-    max_grad_norm: float | None = 1.0
-    bf16: bool = False
-    fp16: bool = False
-    eval_every: int | None = None  # steps; needs eval examples
-    eval_examples: int = 256  # held-out examples per evaluation (always the same ones, the same masks)
-    save_every: int | None = None  # steps
-    keep: int = 3  # checkpoints kept
-    snapshots: int = 0  # also keep the model at step 0 and at this many log-spaced steps (probing across time)
-    log_every: int = 10  # steps
-    seed: int = 0
-    progress: bool = True
-
-    def check(self) -> None:
-        if (self.steps is None) == (self.tokens is None):
-            raise InputError("give either steps or tokens (a budget), not both and not neither")
-        for name in ("batch_size", "accumulate", "keep", "log_every", "eval_examples"):
-            check_positive(name, getattr(self, name))
-        if not isinstance(self.snapshots, int) or isinstance(self.snapshots, bool) or self.snapshots < 0:
-            raise InputError(f"snapshots={self.snapshots!r} must be an int >= 0 (0: none)")
-        for name in ("steps", "tokens", "eval_every", "save_every"):
-            if getattr(self, name) is not None:
-                check_positive(name, getattr(self, name))
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise InputError(f"lr={self.lr!r} must be > 0")
-        check_fraction("warmup", self.warmup)
-        if self.schedule not in SCHEDULES:
-            raise InputError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
-        if self.bf16 and self.fp16:
-            raise InputError("bf16 and fp16 exclude each other")
-        check_seed("seed (--seed)", self.seed)
-
-    def total_steps(self, max_length: int) -> int:
-        if self.steps is not None:
-            return self.steps
-        return max(1, math.ceil(self.tokens / (self.batch_size * self.accumulate * max_length)))
-
-    def recorded(self) -> dict:
-        """What a resumed run must share with the run it continues."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k != "progress"}
 
 
 def snapshot_steps(steps: int, count: int) -> list[int]:

@@ -4,6 +4,7 @@ importing torch; ``runs.settings`` extends them with each command's own."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from ..checks import SEED_LIMIT
@@ -50,3 +51,64 @@ class FitConfig:
         """The loop's settings alone (a run's dataclass extends this one with its own)."""
         names = FitConfig.__dataclass_fields__
         return FitConfig(**{k: v for k, v in asdict(self).items() if k in names})
+
+
+SCHEDULES = ("linear", "cosine")
+
+
+@dataclass(kw_only=True)
+class PretrainConfig:
+    """How ``pretrain.pretrain`` trains: a step budget (``steps``, or ``tokens``), AdamW as RoBERTa set it,
+    warmup then linear or cosine decay, clipping, mixed precision, evaluation, checkpoints, snapshots."""
+
+    steps: int | None = setting(None, "optimiser steps", low=1)
+    tokens: int | None = setting(None, "a budget of tokens instead of steps (steps = tokens / (batch size x "
+                                 "accumulate x max length))", low=1)
+    batch_size: int = setting(32, "examples a micro-batch (the whole job's, under torchrun)", low=1)
+    accumulate: int = setting(1, "micro-batches a step", low=1)
+    lr: float = setting(5e-4, "peak learning rate", low=0.0, strict=True)
+    warmup: float = setting(0.06, "share of the steps spent warming up", low=0.0, below=1.0)
+    schedule: str = setting("linear", "decay after warmup, to 0", choices=SCHEDULES)
+    weight_decay: float = setting(0.01, "AdamW's weight decay, on weights only", low=0.0, cli=False)
+    betas: tuple[float, float] = setting((0.9, 0.98), "AdamW's betas (RoBERTa's)", cli=False)
+    eps: float = setting(1e-6, "AdamW's epsilon (RoBERTa's)", low=0.0, strict=True, cli=False)
+    max_grad_norm: float | None = setting(1.0, "clip the gradient norm at this; None: off", low=0.0, strict=True,
+                                          cli=False)
+    bf16: bool = setting(False, "bf16 autocast (fp32 master weights)")
+    fp16: bool = setting(False, "fp16 autocast with loss scaling (CUDA only)")
+    eval_every: int | None = setting(None, "steps between evaluations (needs --eval-texts)", low=1)
+    eval_examples: int = setting(256, "held-out examples an evaluation (always the same ones, the same masks)",
+                                 low=1, cli=False)
+    save_every: int | None = setting(None, "steps between checkpoints, the last step included (default: none -- "
+                                     "the model is written at the end either way, but a run without checkpoints "
+                                     "cannot be resumed)", low=1)
+    keep: int = setting(3, "checkpoints kept", low=1)
+    snapshots: int = setting(0, "also keep the model at step 0 and at this many log-spaced steps, in OUT/snapshots/ "
+                             "(for minibert probe-over-time); 0: none", low=0)
+    log_every: int = setting(10, "steps between log lines", low=1)
+    seed: int = setting(0, "random seed, an integer >= 0", low=0, high=SEED_LIMIT)
+    progress: bool = setting(True, "no progress bar or log lines", flag="--quiet", negate=True)
+
+    def check(self) -> None:
+        check(self)
+        if (self.steps is None) == (self.tokens is None):
+            raise InputError("give either steps or tokens (a budget), not both and not neither: --steps N or "
+                             "--tokens N (how long to train)")
+        if self.bf16 and self.fp16:
+            raise InputError("bf16 and fp16 exclude each other")
+
+    def total_steps(self, max_length: int) -> int:
+        if self.steps is not None:
+            return self.steps
+        return max(1, math.ceil(self.tokens / (self.batch_size * self.accumulate * max_length)))
+
+    def recorded(self) -> dict:
+        """What a resumed run must share with the run it continues."""
+        names = PretrainConfig.__dataclass_fields__
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()
+                if k != "progress" and k in names}
+
+    def pretrain_config(self) -> PretrainConfig:
+        """The loop's settings alone (a run's dataclass extends this one with its own)."""
+        names = PretrainConfig.__dataclass_fields__
+        return PretrainConfig(**{k: v for k, v in asdict(self).items() if k in names})
