@@ -433,17 +433,15 @@ def test_a_killed_run_resumes_to_the_same_weights_bit_for_bit(tmp_path):
     assert not (tmp_path / "cut" / "training_state.pt").exists()  # finished: nothing left to resume
     # a resume with other settings is refused by name
     (tmp_path / "other").mkdir()
-    from minibert.training.loop import FitConfig, _save_state
+    from minibert.training.loop import FitConfig, TrainState, read_state
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    from minibert.training.loop import History, _load_state
-
-    _save_state(tmp_path / "other" / "training_state.pt", model, optimizer, scheduler, None, FitConfig(epochs=4),
-                History(), 1, 3)
+    TrainState(model, optimizer, scheduler, step=3, position=1).save(
+        tmp_path / "other" / "training_state.pt", FitConfig(epochs=4).recorded(), [], history={})
     with pytest.raises(InputError, match=r"other settings \(epochs=4 then, 5 now\)"):
-        _load_state(tmp_path / "other" / "training_state.pt", FitConfig(epochs=5, resume=True), "cpu")
+        read_state(tmp_path / "other" / "training_state.pt", FitConfig(epochs=5, resume=True).recorded(), "cpu")
 
 
 # ------------------------------------------------------------------------------------------ 6. threads

@@ -345,9 +345,9 @@ corpus, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "kill":
     import minibert.training.pretrain as P
     real = P._save_checkpoint
-    def save_then_die(out_dir, model, optimizer, scheduler, scaler, config, step, *rest):
-        folder = real(out_dir, model, optimizer, scheduler, scaler, config, step, *rest)
-        if step == 6:
+    def save_then_die(out_dir, state, *rest):
+        folder = real(out_dir, state, *rest)
+        if state.step == 6:
             os.kill(os.getpid(), signal.SIGKILL)  # after the second checkpoint, mid-run
         return folder
     P._save_checkpoint = save_then_die

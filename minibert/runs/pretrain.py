@@ -28,7 +28,7 @@ from ..hardware import training_device
 from ..loading import copy_tokenizer
 from ..tokenizer import BertTokenizer
 from ..training import ddp
-from ..training.pretrain import PretrainConfig, pretrain
+from ..training.pretrain import CHANGEABLE, PretrainConfig, pretrain
 from ..training.pretrain_data import Examples, MaskingRule, MixedExamples, TokenStore, corpus_files
 from .settings import GEOMETRIES, PretrainRun  # noqa: F401  (GEOMETRIES: geometry_config's, and the benchmarks')
 from .skeleton import resolved
@@ -214,8 +214,6 @@ def _examples(run: PretrainRun, config: PretrainConfig, tokenizer, rule, files, 
     return examples, held, config
 
 
-#: settings a resumed run may change (how often it logs, evaluates, saves; what it keeps)
-CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots")
 
 
 def resume_hint(out_dir: Path, shown: str) -> str:

@@ -15,9 +15,10 @@
   when tqdm is installed, and mixed precision as an option: bf16 autocast (CPU or GPU), or fp16 autocast
   with loss scaling on CUDA; the weights (master copy) stay fp32 either way.
 * **Resuming** (``FitConfig(resume=True)``, ``--resume``): after each epoch ``fit`` writes
-  ``training_state.pt`` into ``out_dir`` -- the model's weights, AdamW's moments, the schedule, which
-  parameters train, every random generator's state, the epoch and the history -- atomically (a kill
-  mid-write leaves the previous epoch's state). A run started again with ``resume`` continues after the
+  ``training_state.pt`` into ``out_dir`` -- a ``TrainState``: the model's weights, AdamW's moments, the
+  schedule, which parameters train, every random generator's state, the step, the epoch and the history --
+  atomically (a kill mid-write leaves the previous epoch's state); the pre-training loop writes the same
+  state into its checkpoints. A run started again with ``resume`` continues after the
   last finished epoch and ends bit for bit where the uninterrupted run would have (CPU; tested with a
   run killed by SIGKILL). The file is removed when the run finishes.
 """
@@ -137,83 +138,35 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
         raise InputError("resume=True needs out_dir: the training state is kept there")
     seed_everything(config.seed)
     device = next(model.parameters()).device
-    if config.fp16 and device.type != "cuda":
-        raise InputError("fp16 training needs a CUDA device (on a CPU use bf16)")
-    half = torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
-    scaler = torch.amp.GradScaler("cuda") if config.fp16 else None
+    half, scaler = mixed_precision(config, device)
     if steps_per_epoch is None:
         steps_per_epoch = math.ceil(sum(1 for _ in train_batches(0)) / config.accumulate)
     total_steps = steps_per_epoch * config.epochs
-    history = History()
     out_dir = Path(out_dir) if out_dir is not None else None
-    optimizer = scheduler = None
-    trainable_before = None
-    step = start = 0
-    saved = _load_state(out_dir / STATE_FILE, config, device) if config.resume else None
+    state = TrainState(model, None, None, scaler)
+    history, trainable_before = History(), None
+    saved = _resumable(out_dir, config, device) if config.resume else None
     if saved is not None:  # rebuild what the last finished epoch left, exactly
-        model.load_state_dict(saved["model"])
-        for p, flag in zip(model.parameters(), saved["trainable"]):
-            p.requires_grad_(bool(flag))
+        restore_model(model, saved)
         trainable_before = tuple(p.requires_grad for p in model.parameters())
-        optimizer = torch.optim.AdamW(parameter_groups(model, lr=config.lr, weight_decay=config.weight_decay,
-                                                       layer_decay=config.layer_decay), lr=config.lr)
-        scheduler = warmup_then_linear_decay(optimizer, int(config.warmup_ratio * total_steps), total_steps)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        if scaler is not None and saved.get("scaler"):
-            scaler.load_state_dict(saved["scaler"])
+        state.optimizer, state.scheduler = _optimiser(model, config, total_steps)
+        state.restore(saved)
         history = History(**saved["history"])
-        start, step = saved["epoch"], saved["step"]
-        set_rng_state(saved["rng"])
 
     def finite(loss_value, norm=None):  # stop before a non-finite step is taken (or saved)
-        check_finite(model, step + 1, loss_value, norm, lr=config.lr, scaler=scaler,
+        check_finite(model, state.step + 1, loss_value, norm, lr=config.lr, scaler=scaler,
                      kept=lambda: (f"the best epoch so far, {history.best_epoch}, is in {out_dir}"
                                    if history.best_epoch and out_dir else "no epoch had finished: nothing was saved"))
 
-    for epoch in range(start, config.epochs):
+    for epoch in range(state.position, config.epochs):
         if on_epoch_start is not None:
             on_epoch_start(model, epoch)
         trainable = tuple(p.requires_grad for p in model.parameters())
         if trainable != trainable_before:  # the first epoch, or a recipe unfroze something: new groups
-            previous = optimizer.state if optimizer is not None else {}
-            optimizer = torch.optim.AdamW(parameter_groups(model, lr=config.lr, weight_decay=config.weight_decay,
-                                                           layer_decay=config.layer_decay), lr=config.lr)
-            for group in optimizer.param_groups:  # parameters trained before keep their AdamW moments
-                for p in group["params"]:
-                    if p in previous:
-                        optimizer.state[p] = previous[p]
-            scheduler = warmup_then_linear_decay(optimizer, int(config.warmup_ratio * total_steps), total_steps,
-                                                 done_steps=step)  # continue the schedule where it was
+            _regroup(state, config, total_steps)
             trainable_before = trainable
-        model.train()
-        started, seen, total_loss, batches = time.perf_counter(), 0, 0.0, 0
         bar = _bar(steps_per_epoch * config.accumulate, f"epoch {epoch + 1}/{config.epochs}", config.progress)
-        optimizer.zero_grad(set_to_none=True)
-        for i, batch in enumerate(train_batches(epoch)):
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
-                loss = model(**batch).loss
-            value = float(loss.detach())
-            finite(value)
-            scaled = loss.float() / config.accumulate
-            (scaler.scale(scaled) if scaler else scaled).backward()
-            total_loss += value
-            batches += 1
-            seen += len(batch["input_ids"])
-            if (i + 1) % config.accumulate == 0:
-                optimizer_step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
-                step += 1
-            bar.update(1)
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{total_loss / batches:.4f}", ex_s=f"{seen / (time.perf_counter() - started):.1f}")
-        if batches % config.accumulate:  # a last, partial accumulation
-            optimizer_step(model, optimizer, scheduler, config, scaler, check=lambda norm: finite(value, norm))
-            step += 1
-        bar.close()
-        seconds = time.perf_counter() - started
-        record = {"epoch": epoch + 1, "train_loss": total_loss / max(1, batches), "seconds": seconds,
-                  "examples_per_second": seen / seconds if seconds else 0.0}
+        record = {"epoch": epoch + 1, **_epoch(state, train_batches(epoch), config, half, finite, bar)}
         if evaluate is not None:
             model.eval()
             with torch.no_grad():
@@ -234,12 +187,80 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
                 save(model, out_dir)
             history.to_json(out_dir / "metrics.json")
             if epoch + 1 < config.epochs:  # what a resumed run needs to continue from here
-                _save_state(out_dir / STATE_FILE, model, optimizer, scheduler, scaler, config, history,
-                            epoch + 1, step)
+                state.position = epoch + 1
+                state.save(out_dir / STATE_FILE, config.recorded(), [rng_state()], history=asdict(history))
     if out_dir is not None:
         (out_dir / STATE_FILE).unlink(missing_ok=True)  # finished: nothing to resume
     model.eval()
     return history
+
+
+def _resumable(out_dir: Path, config: FitConfig, device) -> dict | None:
+    """The state the last finished epoch left in ``out_dir`` (None, with a warning, when there is none)."""
+    import warnings
+
+    path = out_dir / STATE_FILE
+    if not path.exists():
+        warnings.warn(f"resume: no {path.name} in {path.parent} (no unfinished run there): starting from the "
+                      "first epoch", stacklevel=3)
+        return None
+    return read_state(path, config.recorded(), device)
+
+
+def _optimiser(model: nn.Module, config: FitConfig, total_steps: int, done_steps: int = 0):
+    """AdamW over what trains now (``parameter_groups``) and the warmup-then-linear schedule, continued
+    after ``done_steps``."""
+    optimizer = torch.optim.AdamW(parameter_groups(model, lr=config.lr, weight_decay=config.weight_decay,
+                                                   layer_decay=config.layer_decay), lr=config.lr)
+    return optimizer, warmup_then_linear_decay(optimizer, int(config.warmup_ratio * total_steps), total_steps,
+                                               done_steps=done_steps)
+
+
+def _regroup(state: TrainState, config: FitConfig, total_steps: int) -> None:
+    """New AdamW groups for what trains now; parameters trained before keep their moments, and the
+    schedule goes on where it was."""
+    previous = state.optimizer.state if state.optimizer is not None else {}
+    state.optimizer, state.scheduler = _optimiser(state.model, config, total_steps, done_steps=state.step)
+    for group in state.optimizer.param_groups:
+        for p in group["params"]:
+            if p in previous:
+                state.optimizer.state[p] = previous[p]
+
+
+def _epoch(state: TrainState, batches: Iterable[dict], config: FitConfig, half, finite, bar) -> dict:
+    """One pass over ``batches``: forward (autocast to ``half`` when set), backward (scaled by the fp16
+    scaler), an optimiser step every ``config.accumulate`` batches and after a last, partial group;
+    ``finite`` checks each loss and each step's gradient norm. Returns the epoch's record."""
+    model, device = state.model, next(state.model.parameters()).device
+    model.train()
+    started, seen, total_loss, count, value = time.perf_counter(), 0, 0.0, 0, 0.0
+    state.optimizer.zero_grad(set_to_none=True)
+
+    def step():
+        optimizer_step(model, state.optimizer, state.scheduler, config, state.scaler,
+                       check=lambda norm: finite(value, norm))
+        state.step += 1
+
+    for i, batch in enumerate(batches):
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
+            loss = model(**batch).loss
+        value = float(loss.detach())
+        finite(value)
+        scaled = loss.float() / config.accumulate
+        (state.scaler.scale(scaled) if state.scaler else scaled).backward()
+        total_loss, count, seen = total_loss + value, count + 1, seen + len(batch["input_ids"])
+        if (i + 1) % config.accumulate == 0:
+            step()
+        bar.update(1)
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{total_loss / count:.4f}", ex_s=f"{seen / (time.perf_counter() - started):.1f}")
+    if count % config.accumulate:  # a last, partial accumulation
+        step()
+    bar.close()
+    seconds = time.perf_counter() - started
+    return {"train_loss": total_loss / max(1, count), "seconds": seconds,
+            "examples_per_second": seen / seconds if seconds else 0.0}
 
 
 STATE_FILE = "training_state.pt"
@@ -304,38 +325,83 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_state(path: Path, model, optimizer, scheduler, scaler, config: FitConfig, history: History, epoch: int,
-                step: int) -> None:
-    from ..textfiles import atomic_file
+# ------------------------------------------------------------------------------------ a run's state
+@dataclass
+class TrainState:
+    """Everything a run needs to go on exactly where it stopped, for ``fit`` and the pre-training loop alike:
+    the model, AdamW (with its moments), the schedule, the fp16 loss scaler, the optimiser steps taken and
+    where the data stands (``position``: fit's finished epochs, the pre-training loop's examples consumed).
+    ``save`` writes it as one dict, atomically (a kill mid-write leaves the previous state whole);
+    ``read_state`` reads one back, checked against the run's settings; ``restore_model`` (before the
+    optimiser is built: its groups follow what trains) and ``restore`` put it back."""
 
-    state = {"model": model.state_dict(), "trainable": [p.requires_grad for p in model.parameters()],
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "scaler": scaler.state_dict() if scaler is not None else None, "config": config.recorded(),
-             "history": asdict(history), "epoch": epoch, "step": step, "rng": rng_state()}
-    with atomic_file(path) as tmp:
-        torch.save(state, tmp)
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None = None
+    step: int = 0
+    position: int = 0
+
+    def save(self, path: Path, settings: dict, rng: list, **extra) -> None:
+        """The state into ``path`` with the run's ``settings`` (what a resumed run must share), every
+        process's random generators (``rng``: one ``rng_state()`` a process) and what the caller keeps
+        beside (``extra``: fit's history)."""
+        from ..textfiles import atomic_file
+
+        state = {"model": self.model.state_dict(), "trainable": [p.requires_grad for p in self.model.parameters()],
+                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "scaler": self.scaler.state_dict() if self.scaler is not None else None, "config": settings,
+                 "rng": rng, "step": self.step, "position": self.position, **extra}
+        with atomic_file(path) as tmp:
+            torch.save(state, tmp)
+
+    def restore(self, saved: dict, rank: int = 0) -> None:
+        """AdamW, the schedule, the scaler, the step, the position and this process's random generators from
+        a saved state (the model first: ``restore_model``)."""
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        if self.scaler is not None and saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        self.step, self.position = saved["step"], saved["position"]
+        set_rng_state(saved["rng"][rank])
 
 
-def _load_state(path: Path, config: FitConfig, device) -> dict | None:
-    """The state a run left in ``path`` (None, with a warning, when there is none), checked against this
-    run's settings."""
-    import warnings
+def restore_model(model: nn.Module, saved: dict) -> None:
+    """A saved state's weights and which of them train (before an optimiser is built on them)."""
+    model.load_state_dict(saved["model"])
+    for p, flag in zip(model.parameters(), saved["trainable"]):
+        p.requires_grad_(bool(flag))
 
-    if not path.exists():
-        warnings.warn(f"resume: no {path.name} in {path.parent} (no unfinished run there): starting from the "
-                      "first epoch", stacklevel=3)
-        return None
+
+def read_state(path: Path, settings: dict, device, *, changeable: tuple[str, ...] = ()) -> dict:
+    """The state a run left in ``path``, checked against this run's ``settings`` (those in ``changeable``
+    may differ: how often it logs, say); a file that is not one, or other settings, is an InputError that
+    names them."""
     try:
         saved = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data only
     except Exception as e:  # truncated or not ours: say which file
         raise InputError(f"{path} cannot be read as a training state ({type(e).__name__}: {e}); delete it to "
                          "start again") from None
-    differs = [f"{k}={saved['config'].get(k)!r} then, {v!r} now" for k, v in config.recorded().items()
-               if saved["config"].get(k) != v]
+    differs = [f"{k}={saved['config'].get(k)!r} then, {v!r} now" for k, v in settings.items()
+               if k not in changeable and saved["config"].get(k) != v]
     if differs:
-        raise InputError(f"resume: {path} was written by a run with other settings ({'; '.join(differs)}); give "
+        where = path.parent if path.parent.name.startswith("step-") else path
+        raise InputError(f"resume: {where} was written by a run with other settings ({'; '.join(differs)}); give "
                          "the same settings, or another --out")
     return saved
+
+
+def mixed_precision(config, device: torch.device):
+    """(the autocast dtype or None, the fp16 loss scaler or None) for ``config.bf16`` / ``config.fp16`` on
+    ``device``: fp16 needs CUDA; bf16 on a CPU without bf16 units is warned about (``hardware``)."""
+    if config.fp16 and device.type != "cuda":
+        raise InputError("fp16 training needs a CUDA device (on a CPU use bf16)")
+    if config.bf16 and device.type == "cpu":
+        from ..hardware import warn_if_slow
+
+        warn_if_slow(torch.bfloat16, device, stacklevel=4)
+    half = torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
+    return half, torch.amp.GradScaler("cuda") if config.fp16 else None
 
 
 def optimizer_step(model, optimizer, scheduler, config, scaler=None, check=None) -> None:

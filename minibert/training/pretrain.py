@@ -45,11 +45,11 @@ from ..errors import InputError
 from ..loading import copy_tokenizer
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
-from .loop import check_finite, optimizer_step, parameter_groups, rng_state, set_rng_state
+from .loop import (STATE_FILE, TrainState, check_finite, mixed_precision, optimizer_step, parameter_groups, read_state,
+                   restore_model, rng_state)
 from .pretrain_data import Examples
 from .settings import PretrainConfig  # the loop's settings, declared with the others (no torch there)
 
-STATE_FILE = "training_state.pt"
 
 
 def snapshot_steps(steps: int, count: int) -> list[int]:
@@ -122,34 +122,50 @@ def checkpoints(out_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def _save_checkpoint(out_dir: Path, model, optimizer, scheduler, scaler, config: PretrainConfig, step: int,
-                     consumed: int, rng_states: list, keep: int, tokenizer_source=None) -> Path:
-    folder = out_dir / "checkpoints" / f"step-{step:06d}"
+def _save_checkpoint(out_dir: Path, state: TrainState, config: PretrainConfig, rng_states: list,
+                     tokenizer_source=None) -> Path:
+    """``checkpoints/step-N/``: the model (loadable on its own, with the tokenizer) and the run's
+    ``TrainState`` (position: the examples consumed), written together; the oldest beyond ``config.keep``
+    are removed."""
+    folder = out_dir / "checkpoints" / f"step-{state.step:06d}"
     with atomic_dir(folder) as tmp:
-        model.save_pretrained(tmp)
+        state.model.save_pretrained(tmp)
         if tokenizer_source is not None:
             copy_tokenizer(tokenizer_source, tmp)
-        torch.save({"step": step, "consumed": consumed, "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
-                    "rng": rng_states, "config": config.recorded(), "model": model.state_dict()}, tmp / STATE_FILE)
-    for old in checkpoints(out_dir)[:-keep]:
+        state.save(tmp / STATE_FILE, config.recorded(), rng_states)
+    for old in checkpoints(out_dir)[:-config.keep]:
         shutil.rmtree(old, ignore_errors=True)
     return folder
 
 
-def _load_checkpoint(folder: Path, config: PretrainConfig, device) -> dict:
-    try:
-        saved = torch.load(folder / STATE_FILE, map_location=device, weights_only=True)
-    except Exception as e:
-        raise InputError(f"{folder / STATE_FILE} cannot be read as a training state ({type(e).__name__}: {e})") from None
-    now = config.recorded()
-    differs = [f"{k}={saved['config'].get(k)!r} then, {v!r} now" for k, v in now.items()
-               if k not in ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots")
-               and saved["config"].get(k) != v]
-    if differs:
-        raise InputError(f"resume: {folder} was written by a run with other settings ({'; '.join(differs)}); give "
-                         "the same settings, or another --out")
-    return saved
+def _resume(state: TrainState, out_dir: Path, config: PretrainConfig, rank: int, world: int, steps: int, log) -> None:
+    """``state`` as the newest checkpoint in ``out_dir`` left it (a warning when there is none): the same
+    settings (but how often it logs, evaluates and saves), the same model, the same number of processes."""
+    found = checkpoints(out_dir)
+    if not found:
+        if rank == 0:
+            import warnings
+
+            warnings.warn(f"resume: no checkpoint in {out_dir / 'checkpoints'} (nothing to resume): starting from "
+                          "step 0", stacklevel=3)
+        return
+    saved = read_state(found[-1] / STATE_FILE, config.recorded(), _device(state.model), changeable=CHANGEABLE)
+    mine = {k: tuple(v.shape) for k, v in state.model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in saved["model"].items()}
+    if mine != theirs:
+        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        raise InputError(f"resume: {found[-1]} holds another model (differs at {', '.join(differ[:4])}"
+                         f"{' ...' if len(differ) > 4 else ''}); give the same geometry, or another --out")
+    if len(saved["rng"]) != world:
+        raise InputError(f"resume: {found[-1]} was written by {len(saved['rng'])} process(es), this job has {world}")
+    restore_model(state.model, saved)
+    state.restore(saved, rank)
+    if log is not None and rank == 0:
+        log(f"resuming from {found[-1]} (step {state.step} of {steps})")
+
+
+#: settings a resumed run may change (how often it logs, evaluates, saves; what it keeps)
+CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots")
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -167,47 +183,16 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
         raise InputError("NSP examples need a BertForPreTraining (masked LM + next sentence)")
     out_dir = Path(out_dir)
     rank, world = ddp.init() if ddp.is_distributed() else (0, 1)
-    device = _device(model)
-    if config.fp16 and device.type != "cuda":
-        raise InputError("fp16 needs a CUDA device (on a CPU use bf16)")
-    if config.bf16 and device.type == "cpu":
-        from ..hardware import warn_if_slow
-
-        warn_if_slow(torch.bfloat16, device)
-    half = torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else None
-    scaler = torch.amp.GradScaler("cuda") if config.fp16 else None
+    half, scaler = mixed_precision(config, _device(model))
     steps = config.total_steps(examples.max_length)
     torch.manual_seed(config.seed + rank)
     optimizer = torch.optim.AdamW(parameter_groups(model, lr=config.lr, weight_decay=config.weight_decay),
                                   lr=config.lr, betas=config.betas, eps=config.eps)
-    scheduler = schedule(optimizer, int(config.warmup * steps), steps, config.schedule)
-    start, consumed = 0, 0
+    state = TrainState(model, optimizer, schedule(optimizer, int(config.warmup * steps), steps, config.schedule),
+                       scaler)
     if resume:
-        found = checkpoints(out_dir)
-        if found:
-            saved = _load_checkpoint(found[-1], config, device)
-            mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-            theirs = {k: tuple(v.shape) for k, v in saved["model"].items()}
-            if mine != theirs:
-                differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-                raise InputError(f"resume: {found[-1]} holds another model (differs at {', '.join(differ[:4])}"
-                                 f"{' ...' if len(differ) > 4 else ''}); give the same geometry, or another --out")
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            if scaler is not None and saved.get("scaler"):
-                scaler.load_state_dict(saved["scaler"])
-            if len(saved["rng"]) != world:
-                raise InputError(f"resume: {found[-1]} was written by {len(saved['rng'])} process(es), this job has {world}")
-            set_rng_state(saved["rng"][rank])
-            start, consumed = saved["step"], saved["consumed"]
-            if log is not None and rank == 0:
-                log(f"resuming from {found[-1]} (step {start} of {steps})")
-        elif rank == 0:
-            import warnings
-
-            warnings.warn(f"resume: no checkpoint in {out_dir / 'checkpoints'} (nothing to resume): starting from "
-                          "step 0", stacklevel=2)
+        _resume(state, out_dir, config, rank, world, steps, log)
+    start = state.step
     trained = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -218,61 +203,20 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
         out_dir.mkdir(parents=True, exist_ok=True)
         _trim_log(log_path, start)
     last = _last_record(log_path) if start else {}  # a resumed run that has no step left keeps what it logged
-    from ..tools.progress import progress_bar
-
-    bar = progress_bar(steps, "pretraining", config.progress and rank == 0)
-    if hasattr(bar, "unit"):
-        bar.unit = "step"
-    bar.update(start)
+    bar = _bar(steps, start, config.progress and rank == 0)
     model.train()
     keep_at = set(snapshot_steps(steps, config.snapshots))
     if rank == 0 and start == 0 and 0 in keep_at:
         _save_snapshot(out_dir, model, 0, tokenizer_source)
-    started, window_tokens, window_loss, window_steps = time.perf_counter(), 0, 0.0, 0
-    per_step = config.batch_size * config.accumulate
-    for step in range(start, steps):
-        step_loss = 0.0
-        for micro in range(config.accumulate):
-            first = consumed + micro * config.batch_size
-            lo, hi = (first + config.batch_size * r // world for r in (rank, rank + 1))
-            batch = {k: v.to(device) for k, v in examples.batch(range(lo, hi)).items()}
-            nsl = batch.pop("next_sentence_label", None)
-            masked = (batch["labels"] != -100).sum()
-            counts = torch.stack([masked, torch.tensor(hi - lo, device=device)]).float()
-            if world > 1:
-                torch.distributed.all_reduce(counts)
-            sync = micro == config.accumulate - 1 or world == 1
-            context = trained.no_sync() if not sync else nullcontext()
-            with context:
-                with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
-                    out = trained(**batch, next_sentence_label=nsl) if nsl is not None else trained(**batch)
-                share = float(masked) / max(1.0, float(counts[0])) * world
-                loss = out.mlm_loss.float() * share
-                if nsl is not None:
-                    loss = loss + out.nsp_loss.float() * (hi - lo) / float(counts[1]) * world
-                loss = loss / config.accumulate
-                (scaler.scale(loss) if scaler else loss).backward()
-            step_loss += float(loss.detach()) / world
-            window_tokens += int(batch["attention_mask"].sum())
-        optimizer_step(model, optimizer, scheduler, config, scaler,  # checked before the step is taken
-                       check=lambda norm: check_finite(model, step + 1, step_loss, norm, lr=config.lr, scaler=scaler,
-                                                       kept=lambda: _last_good(out_dir)))
-        consumed += per_step
-        done = step + 1
-        if world > 1:
-            total = torch.tensor(step_loss, device=device)
-            torch.distributed.all_reduce(total)
-            step_loss = float(total)
-        window_loss, window_steps = window_loss + step_loss, window_steps + 1
+    window = _Window()
+    for _ in range(start, steps):
+        step_loss, tokens = _step(state, trained, examples, config, half, rank, world, out_dir)
+        window.add(step_loss, tokens * world)
         bar.update(1)
-        record = None
-        if done % config.log_every == 0 or done == steps:
-            seconds = time.perf_counter() - started
-            record = {"step": done, "loss": window_loss / window_steps, "lr": scheduler.get_last_lr()[0],
-                      "tokens_per_second": window_tokens * world / seconds if seconds else 0.0, "examples": consumed}
-            started, window_tokens, window_loss, window_steps = time.perf_counter(), 0, 0.0, 0
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{record['loss']:.3f}")
+        done = state.step
+        record = window.record(done, state) if done % config.log_every == 0 or done == steps else None
+        if record is not None and hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{record['loss']:.3f}")
         if eval_examples is not None and config.eval_every and (done % config.eval_every == 0 or done == steps):
             if rank == 0:
                 record = {**(record or {"step": done}), **evaluate(model, eval_examples, config.eval_examples)}
@@ -285,23 +229,97 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
         if done in keep_at and rank == 0:
             _save_snapshot(out_dir, model, done, tokenizer_source)
         if config.save_every and (done % config.save_every == 0 or done == steps):
-            states = [None] * world
-            if world > 1:
-                torch.distributed.all_gather_object(states, rng_state())
-            else:
-                states = [rng_state()]
-            if rank == 0:
-                _save_checkpoint(out_dir, model, optimizer, scheduler, scaler, config, done, consumed, states,
-                                 config.keep, tokenizer_source)
-            if world > 1:
-                torch.distributed.barrier()
+            _checkpoint(out_dir, state, config, rank, world, tokenizer_source)
     bar.close()
     model.eval()
     if rank == 0:
         model.save_pretrained(out_dir)
         write_text_atomic(out_dir / "pretrain.json", json.dumps({"config": config.recorded(), "steps": steps,
-                                                                  "examples": consumed, "last": last}, indent=2) + "\n")
-    return {**last, "steps": steps, "examples": consumed, **({"resumed_from": start} if start else {})}
+                                                                  "examples": state.position, "last": last}, indent=2)
+                          + "\n")
+    return {**last, "steps": steps, "examples": state.position, **({"resumed_from": start} if start else {})}
+
+
+def _step(state: TrainState, trained, examples: Examples, config: PretrainConfig, half, rank: int, world: int,
+          out_dir: Path) -> tuple[float, int]:
+    """One optimiser step over ``config.accumulate`` micro-batches of the next examples (this process's
+    slice of each), each loss scaled to its share of the step's masked tokens (and examples, for NSP) so
+    that N processes take the step one process takes on the whole batch. Returns (the step's loss, summed
+    over processes; this process's tokens)."""
+    model, device = state.model, _device(state.model)
+    step_loss, tokens = 0.0, 0
+    for micro in range(config.accumulate):
+        first = state.position + micro * config.batch_size
+        lo, hi = (first + config.batch_size * r // world for r in (rank, rank + 1))
+        batch = {k: v.to(device) for k, v in examples.batch(range(lo, hi)).items()}
+        nsl = batch.pop("next_sentence_label", None)
+        masked = (batch["labels"] != -100).sum()
+        counts = torch.stack([masked, torch.tensor(hi - lo, device=device)]).float()
+        if world > 1:
+            torch.distributed.all_reduce(counts)
+        sync = micro == config.accumulate - 1 or world == 1
+        with trained.no_sync() if not sync else nullcontext():
+            with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
+                out = trained(**batch, next_sentence_label=nsl) if nsl is not None else trained(**batch)
+            loss = out.mlm_loss.float() * (float(masked) / max(1.0, float(counts[0])) * world)
+            if nsl is not None:
+                loss = loss + out.nsp_loss.float() * (hi - lo) / float(counts[1]) * world
+            loss = loss / config.accumulate
+            (state.scaler.scale(loss) if state.scaler else loss).backward()
+        step_loss += float(loss.detach()) / world
+        tokens += int(batch["attention_mask"].sum())
+    optimizer_step(model, state.optimizer, state.scheduler, config, state.scaler,  # checked before the step is taken
+                   check=lambda norm: check_finite(model, state.step + 1, step_loss, norm, lr=config.lr,
+                                                   scaler=state.scaler, kept=lambda: _last_good(out_dir)))
+    state.step += 1
+    state.position += config.batch_size * config.accumulate
+    if world > 1:
+        total = torch.tensor(step_loss, device=device)
+        torch.distributed.all_reduce(total)
+        step_loss = float(total)
+    return step_loss, tokens
+
+
+class _Window:
+    """The training loss and throughput since the last log line."""
+
+    def __init__(self):
+        self.started, self.tokens, self.loss, self.steps = time.perf_counter(), 0, 0.0, 0
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.loss, self.steps, self.tokens = self.loss + loss, self.steps + 1, self.tokens + tokens
+
+    def record(self, step: int, state: TrainState) -> dict:
+        """The log line of ``step``; the window starts again."""
+        seconds = time.perf_counter() - self.started
+        record = {"step": step, "loss": self.loss / self.steps, "lr": state.scheduler.get_last_lr()[0],
+                  "tokens_per_second": self.tokens / seconds if seconds else 0.0, "examples": state.position}
+        self.__init__()
+        return record
+
+
+def _checkpoint(out_dir: Path, state: TrainState, config: PretrainConfig, rank: int, world: int,
+                tokenizer_source) -> None:
+    """Every process's random generators gathered, and process 0 writes the checkpoint."""
+    states = [None] * world
+    if world > 1:
+        torch.distributed.all_gather_object(states, rng_state())
+    else:
+        states = [rng_state()]
+    if rank == 0:
+        _save_checkpoint(out_dir, state, config, states, tokenizer_source)
+    if world > 1:
+        torch.distributed.barrier()
+
+
+def _bar(steps: int, start: int, enabled: bool):
+    from ..tools.progress import progress_bar
+
+    bar = progress_bar(steps, "pretraining", enabled)
+    if hasattr(bar, "unit"):
+        bar.unit = "step"
+    bar.update(start)
+    return bar
 
 
 def _last_good(out_dir: Path) -> str:
