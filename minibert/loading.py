@@ -241,6 +241,30 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
         # only the tied copy; or untied, where transformers (5) scores with the decoder's own bias
         by_name["cls.predictions.bias"] = tied.pop("cls.predictions.decoder.bias")
     expected = tensor_map(config, with_pooler=has_pooler, with_mlm_head=with_head)
+    problems = _misfits(config, by_name, expected)
+    if problems:
+        raise CheckpointError(f"{where} does not fit its config: " + "; ".join(problems))
+
+    for copy, original in MLM_TIED.items():  # tied copies must really be copies: we keep one tensor
+        if copy in tied:
+            name, tensor = tied[copy]
+            if tuple(tensor.shape) != tuple(by_name[original][1].shape) or not torch.equal(
+                    tensor, by_name[original][1].to(tensor.dtype)):
+                raise CheckpointError(f"{where}: {name} differs from {by_name[original][0]}; minibert's masked-LM "
+                                      "head ties them (as BERT does). Load with mlm_head=False to skip the head")
+
+    state = {}
+    for theirs, ours, shape in expected:
+        tensor = by_name[theirs][1]
+        assert tuple(tensor.shape) == shape, (theirs, tuple(tensor.shape), shape)
+        state[ours] = tensor
+    check_finite(state, {ours: by_name[theirs][0] for theirs, ours, _ in expected}, where)
+    return state, has_pooler, with_head, sorted(skipped)
+
+
+def _misfits(config: BertConfig, by_name: dict, expected: list) -> list[str]:
+    """What keeps the checkpoint's tensors (``by_name``: our key -> (their name, tensor)) from being the
+    ``expected`` ones: missing, unexpected, wrongly shaped and not real floating point, each said once."""
     expected_names = {theirs for theirs, _, _ in expected}
     missing = [theirs for theirs, _, _ in expected if theirs not in by_name]
     unexpected = sorted(k for k in by_name if k not in expected_names)
@@ -263,24 +287,7 @@ def match_checkpoint(config: BertConfig, tensors: dict[str, torch.Tensor], where
     if wrong_dtype:
         problems.append(f"{len(wrong_dtype)} tensor(s) that are not real floating point (float16, bfloat16, float32 "
                         f"or float64): {_shorten(wrong_dtype)}")
-    if problems:
-        raise CheckpointError(f"{where} does not fit its config: " + "; ".join(problems))
-
-    for copy, original in MLM_TIED.items():  # tied copies must really be copies: we keep one tensor
-        if copy in tied:
-            name, tensor = tied[copy]
-            if tuple(tensor.shape) != tuple(by_name[original][1].shape) or not torch.equal(
-                    tensor, by_name[original][1].to(tensor.dtype)):
-                raise CheckpointError(f"{where}: {name} differs from {by_name[original][0]}; minibert's masked-LM "
-                                      "head ties them (as BERT does). Load with mlm_head=False to skip the head")
-
-    state = {}
-    for theirs, ours, shape in expected:
-        tensor = by_name[theirs][1]
-        assert tuple(tensor.shape) == shape, (theirs, tuple(tensor.shape), shape)
-        state[ours] = tensor
-    check_finite(state, {ours: by_name[theirs][0] for theirs, ours, _ in expected}, where)
-    return state, has_pooler, with_head, sorted(skipped)
+    return problems
 
 
 def check_finite(state: dict[str, torch.Tensor], names: dict[str, str], where: str) -> None:

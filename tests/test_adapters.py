@@ -168,6 +168,8 @@ def test_a_task_module_with_its_own_pooler_saves_loads_and_leaves_the_base_alone
     bare.bert.pooler = None
     with pytest.raises(InputError, match="pooler=True copies the base's pooler"):
         add_adapter(bare, "p", "prefix", pooler=True)
+    with pytest.raises(InputError, match="prefix_length: not an option of a houlsby module; it takes bottleneck"):
+        add_adapter(bare, "h", "houlsby", prefix_length=3)  # another kind's option, refused rather than ignored
 
 
 def test_many_tasks_on_one_base_switch_save_and_load(tmp_path):

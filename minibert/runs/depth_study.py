@@ -146,22 +146,12 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     where it stopped (the same settings, each one that differs named); a new probe or task file, or a
     changed one, is measured on every finished model; another corpus, vocabulary or held-out text is
     refused by name (every loss would change). ``overwrite`` replaces the folder instead."""
-    from ..hardware import training_device
     from ..outputs import RunFolder
-    from ..textfiles import input_file, read_conllu
+    from ..textfiles import read_conllu
     from ..tokenizer import BertTokenizer
-    from ..training.pretrain_data import TokenStore, corpus_files
+    from ..training.pretrain_data import TokenStore
 
-    config.check()
-    if (task_train is None) != (task_eval is None):
-        raise InputError("give both task_train and task_eval (a classification task's files), or neither")
-    training_device(device)
-    files = corpus_files(corpus)
-    eval_files = corpus_files([eval_texts], "--eval-texts file")
-    for path, what in ((conllu, "--conllu file"), (task_train, "--task-train file"), (task_eval, "--task-eval file")):
-        if path is not None:
-            input_file(path, what)  # exists and is readable, before any work
-
+    files, eval_files = _checked_inputs(config, corpus, eval_texts, conllu, task_train, task_eval, device)
     folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, overwrite=overwrite,
                        resumable=False, continues=_holds_study)
     out_dir = folder.path
@@ -224,6 +214,24 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
                                            and r.seed == config.seeds[0]], config)
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
     return results
+
+
+def _checked_inputs(config: DepthStudyConfig, corpus, eval_texts, conllu, task_train, task_eval, device):
+    """(corpus files, held-out files): the settings, the device and every file checked before any work."""
+    from ..hardware import training_device
+    from ..textfiles import input_file
+    from ..training.pretrain_data import corpus_files
+
+    config.check()
+    if (task_train is None) != (task_eval is None):
+        raise InputError("give both task_train and task_eval (a classification task's files), or neither")
+    training_device(device)
+    files = corpus_files(corpus)
+    eval_files = corpus_files([eval_texts], "--eval-texts file")
+    for path, what in ((conllu, "--conllu file"), (task_train, "--task-train file"), (task_eval, "--task-eval file")):
+        if path is not None:
+            input_file(path, what)  # exists and is readable, before any work
+    return files, eval_files
 
 
 def _holds_study(folder: Path) -> bool:

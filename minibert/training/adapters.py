@@ -291,87 +291,58 @@ def base_fingerprint(model) -> str:
     return weights_fingerprint(encoder_of(model, GOES_ON), skip=("task_modules.",))
 
 
-def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | None = 64,
-                reduction_factor: float | None = None, nonlinearity: str | None = None, init: str = "identity",
-                prefix_length: int = 16, prefix_bottleneck: int = 512, flat: bool = False, dropout: float = 0.0,
-                r: int = 8, alpha: float = 16.0, targets=("query", "value"), pooler: bool = False,
-                activate: bool = True, train_head: tuple[str, ...] = ("classifier", "qa_outputs"),
-                seed: int | None = 0):
+#: each kind's options (``add_adapter``'s keywords) and their defaults; another kind's option is refused
+OPTIONS = {
+    "houlsby": {"bottleneck": 64, "reduction_factor": None, "nonlinearity": None, "init": "identity", "pooler": False},
+    "pfeiffer": {"bottleneck": 64, "reduction_factor": None, "nonlinearity": None, "init": "identity", "pooler": False},
+    "prefix": {"prefix_length": 16, "prefix_bottleneck": 512, "flat": False, "dropout": 0.0, "pooler": False},
+    "lora": {"r": 8, "alpha": 16.0, "dropout": 0.0, "targets": ("query", "value"), "pooler": False},
+}
+
+
+def add_adapter(model, name: str, kind: str = "houlsby", *, activate: bool = True,
+                train_head: tuple[str, ...] = ("classifier", "qa_outputs"), seed: int | None = 0, **options):
     """Add a task module ``name`` of ``kind`` (houlsby, pfeiffer, prefix, lora) to ``model`` (an encoder or
     a task head: the module goes on its encoder), freeze the base and make it active (``activate``).
-    What trains afterwards: the new module and the head's layers named in ``train_head``.
+    What trains afterwards: the new module and the head's layers named in ``train_head``. ``options``, by
+    kind (``OPTIONS`` holds their defaults; another kind's is refused by name):
 
     houlsby / pfeiffer: ``bottleneck`` m (or ``reduction_factor``: m = H // factor, AdapterHub's way),
     ``nonlinearity`` (swish for Houlsby, relu for Pfeiffer by default, as AdapterHub), ``init``.
     prefix: ``prefix_length`` P, ``prefix_bottleneck`` (the MLP's width), ``flat`` (no MLP), ``dropout``.
-    lora: ``r``, ``alpha``, ``dropout``, ``targets`` (as ``training.lora.lora_targets``). ``pooler``: the
-    module carries a pooler of its own (a copy of the base's, trained with it) that stands in for the base's
-    while the module is active -- for a base whose first-token output was never trained to summarise a
-    text (sentence-transformers models such as all-MiniLM-L6-v2, trained with mean pooling), a frozen
-    pooler leaves a prefix little to read (1,500 TREC-6 questions, 3 epochs at lr 1e-3: test accuracy 0.41
-    without, 0.93 with). The random parts
-    are drawn from a generator seeded with ``seed`` (None: torch's global one). Returns the model."""
+    lora: ``r``, ``alpha``, ``dropout``, ``targets`` (as ``training.lora.lora_targets``).
+    every kind: ``pooler``, the module carries a pooler of its own (a copy of the base's, trained with it)
+    that stands in for the base's while the module is active -- for a base whose first-token output was
+    never trained to summarise a text (sentence-transformers models such as all-MiniLM-L6-v2, trained with
+    mean pooling), a frozen pooler leaves a prefix little to read (1,500 TREC-6 questions, 3 epochs at lr
+    1e-3: test accuracy 0.41 without, 0.93 with).
+
+    The random parts are drawn from a generator seeded with ``seed`` (None: torch's global one). Returns
+    the model."""
     encoder = encoder_of(model, GOES_ON)
-    config = encoder.config
     if not isinstance(name, str) or not name.isidentifier():
         raise InputError(f"adapter name {name!r}: use a Python identifier (letters, digits, _), e.g. 'trec'")
     if kind not in KINDS:
         raise InputError(f"kind={kind!r}: use one of {KINDS}")
+    unknown = sorted(set(options) - set(OPTIONS[kind]))
+    if unknown:
+        raise InputError(f"{', '.join(unknown)}: not an option of a {kind} module; it takes {', '.join(OPTIONS[kind])}")
     existing = _container(encoder, create=False)
     if existing is not None and name in existing.tasks:
         raise InputError(f"this model already has a task module named {name!r} (remove_adapter it first)")
-    if init not in INITS:
-        raise InputError(f"init={init!r}: use one of {INITS}")
-    check_fraction("dropout", dropout)
-    dtype, device = encoder.dtype, encoder.device
+    options = {**OPTIONS[kind], **options}
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    quantized = bool(getattr(encoder, "quantized", None))
-    if quantized:
-        dtype = torch.float32  # an int8 base computes in fp32 between its int8 products
-    options: dict = {"kind": kind}
-    if kind in ("houlsby", "pfeiffer"):
-        if reduction_factor is not None:
-            if isinstance(reduction_factor, bool) or not isinstance(reduction_factor, (int, float)) or reduction_factor < 1:
-                raise InputError(f"reduction_factor={reduction_factor!r} must be a number >= 1 (H / bottleneck)")
-            bottleneck = max(1, int(config.hidden_size // reduction_factor))
-        nonlinearity = nonlinearity or ("swish" if kind == "houlsby" else "relu")
-        if nonlinearity not in NONLINEARITIES:
-            raise InputError(f"nonlinearity={nonlinearity!r}: use one of {tuple(NONLINEARITIES)}")
-        check_sizes(config, bottleneck=bottleneck)
-        task = BottleneckTask(kind, config, bottleneck, nonlinearity, init, dtype, device, generator)
-        options |= {"bottleneck": bottleneck, "nonlinearity": nonlinearity, "init": init}
-    elif kind == "prefix":
-        check_sizes(config, prefix_length=prefix_length)
-        check_positive("prefix_bottleneck", prefix_bottleneck, "the reparameterisation MLP's width")
-        task = PrefixTask(config, prefix_length, prefix_bottleneck, dropout, flat, dtype, device, generator)
-        options |= {"prefix_length": prefix_length, "prefix_bottleneck": prefix_bottleneck, "dropout": dropout}
-    else:
-        from .lora import lora_targets
-
-        check_positive("r (--lora-rank)", r, "the rank")
-        if quantized:
-            raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
-                             "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
-        paths = lora_targets(encoder, targets)
-        check_sizes(config, r=r, widest=min(min(encoder.get_submodule(p).in_features,
-                                                encoder.get_submodule(p).out_features) for p in paths))
-        task = LoRATask({p: encoder.get_submodule(p) for p in paths}, r, alpha, dropout, dtype, device, generator)
-        options |= {"r": r, "alpha": alpha, "dropout": dropout, "targets": paths}
-    if pooler:
-        if encoder.pooler is None:
-            raise InputError("pooler=True copies the base's pooler, and this base has none")
-        task.pooler = copy.deepcopy(encoder.pooler.dense).to(dtype=dtype)
-        options["pooler"] = True
+    task, record = _new_task(encoder, kind, options, generator)
     for p in model.parameters():
         p.requires_grad_(False)
     container = _container(encoder, create=True)
     if kind == "lora":
-        for path in options["targets"]:
+        for path in record["targets"]:
             if path not in container.lora_paths:
                 encoder.get_submodule(path).register_forward_hook(partial(container.lora, path))
                 container.lora_paths.add(path)
     container.tasks[name] = task
-    container.options[name] = options
+    container.options[name] = record
     for p in task.parameters():  # the new module trains (and the head); the base and other modules do not
         p.requires_grad_(True)
     for attribute in train_head:
@@ -383,6 +354,57 @@ def add_adapter(model, name: str, kind: str = "houlsby", *, bottleneck: int | No
         container.active = name
     task.train(encoder.training)
     return model
+
+
+def _new_task(encoder, kind: str, o: dict, generator) -> tuple[nn.Module, dict]:
+    """(the module of ``kind`` built with the options ``o``, checked against the base; what its record
+    keeps of them: ``save_adapter`` writes it, ``load_adapter`` builds the module again from it)."""
+    config = encoder.config
+    quantized = bool(getattr(encoder, "quantized", None))
+    dtype = torch.float32 if quantized else encoder.dtype  # an int8 base computes in fp32 between its int8 products
+    device = encoder.device
+    record: dict = {"kind": kind}
+    if kind in ("houlsby", "pfeiffer"):
+        bottleneck, factor = o["bottleneck"], o["reduction_factor"]
+        if factor is not None:
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
+                raise InputError(f"reduction_factor={factor!r} must be a number >= 1 (H / bottleneck)")
+            bottleneck = max(1, int(config.hidden_size // factor))
+        nonlinearity = o["nonlinearity"] or ("swish" if kind == "houlsby" else "relu")
+        if nonlinearity not in NONLINEARITIES:
+            raise InputError(f"nonlinearity={nonlinearity!r}: use one of {tuple(NONLINEARITIES)}")
+        if o["init"] not in INITS:
+            raise InputError(f"init={o['init']!r}: use one of {INITS}")
+        check_sizes(config, bottleneck=bottleneck)
+        task = BottleneckTask(kind, config, bottleneck, nonlinearity, o["init"], dtype, device, generator)
+        record |= {"bottleneck": bottleneck, "nonlinearity": nonlinearity, "init": o["init"]}
+    elif kind == "prefix":
+        check_fraction("dropout", o["dropout"])
+        check_sizes(config, prefix_length=o["prefix_length"])
+        check_positive("prefix_bottleneck", o["prefix_bottleneck"], "the reparameterisation MLP's width")
+        task = PrefixTask(config, o["prefix_length"], o["prefix_bottleneck"], o["dropout"], o["flat"], dtype, device,
+                          generator)
+        record |= {k: o[k] for k in ("prefix_length", "prefix_bottleneck", "dropout")}
+    else:
+        from .lora import lora_targets
+
+        check_fraction("dropout", o["dropout"])
+        check_positive("r (--lora-rank)", o["r"], "the rank")
+        if quantized:
+            raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
+                             "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
+        paths = lora_targets(encoder, o["targets"])
+        check_sizes(config, r=o["r"], widest=min(min(encoder.get_submodule(p).in_features,
+                                                     encoder.get_submodule(p).out_features) for p in paths))
+        task = LoRATask({p: encoder.get_submodule(p) for p in paths}, o["r"], o["alpha"], o["dropout"], dtype, device,
+                        generator)
+        record |= {"r": o["r"], "alpha": o["alpha"], "dropout": o["dropout"], "targets": paths}
+    if o["pooler"]:
+        if encoder.pooler is None:
+            raise InputError("pooler=True copies the base's pooler, and this base has none")
+        task.pooler = copy.deepcopy(encoder.pooler.dense).to(dtype=dtype)
+        record["pooler"] = True
+    return task, record
 
 
 def check_sizes(config, *, bottleneck: int | None = None, prefix_length: int | None = None, r: int | None = None,
