@@ -161,6 +161,14 @@ def test_tutorial_code_fits_the_page_and_says_nothing_on_stderr():
             assert "transformers.logging.disable_progress_bar()" in text, path.name
 
 
+def test_every_page_is_in_the_sites_navigation():
+    """mkdocs --strict (CI) refuses a page left out of the nav: say it here, in seconds, by name."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    pages = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
+    missing = [p for p in pages if p != "index.md" and p not in nav]
+    assert not missing, f"pages not in mkdocs.yml's nav: {missing}"
+
+
 def test_every_tutorial_is_in_the_site_and_its_index():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     index = (ROOT / "docs" / "tutorials" / "index.md").read_text(encoding="utf-8")
