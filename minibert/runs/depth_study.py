@@ -443,13 +443,27 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     _compare_study(results, {"config": results["config"], "inputs": inputs}, path)  # the same corpus, vocab, held-out
     folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, resumable=False,
                        continues=_holds_study)
+    study = _OpenStudy(out_dir, path, results, config, inputs, files, vocab, eval_texts)
     with folder.claim({"config": results["config"]}):
-        return _cut_vs_grown(out_dir, path, results, config, inputs, files, vocab, eval_texts, conllu, task_train,
-                             task_eval, temperature, alpha, device, log)
+        return _cut_vs_grown(study, conllu, task_train, task_eval, temperature, alpha, device, log)
 
 
-def _cut_vs_grown(out_dir, path, results, config, inputs, files, vocab, eval_texts, conllu, task_train, task_eval,
-                  temperature, alpha, device, log) -> dict:
+@dataclass
+class _OpenStudy:
+    """A finished study, opened for the comparison: its folder, its study.json (read and where it lives),
+    its settings and the inputs it was run on."""
+
+    out_dir: Path
+    path: Path
+    results: dict
+    config: DepthStudyConfig
+    inputs: dict
+    files: list
+    vocab: object
+    eval_texts: object
+
+
+def _cut_vs_grown(study: _OpenStudy, conllu, task_train, task_eval, temperature, alpha, device, log) -> dict:
     from ..loading import copy_tokenizer
     from ..models.pretraining import BertForMaskedLM
     from ..textfiles import read_conllu
@@ -458,6 +472,8 @@ def _cut_vs_grown(out_dir, path, results, config, inputs, files, vocab, eval_tex
     from .pretrain import held_examples
     from ..training.pretrain import evaluate
 
+    out_dir, path, results, config, inputs = study.out_dir, study.path, study.results, study.config, study.inputs
+    files, vocab, eval_texts = study.files, study.vocab, study.eval_texts
     if "steps" not in config.budgets or len(config.depths) < 2:
         raise InputError(f"{path}: cut vs grown needs the equal-steps budget and two or more depths (the study has "
                          f"budgets {config.budgets}, depths {config.depths})")
