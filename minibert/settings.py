@@ -37,7 +37,6 @@ class Setting:
     strict: bool = False
     choices: tuple | None = None
     flag: str | None = None  # the option's name when it is not --field-name
-    positional: bool = False  # a positional argument of the command
     required: bool = False  # the command line must give it (the Python API then has no default either)
     cli: bool = True  # False: Python only (e.g. a callable)
     default_text: str | None = None  # how the help states a default of None (e.g. "the recipe's")
@@ -47,7 +46,7 @@ class Setting:
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, required: bool = False, **about):
     """A dataclass field that describes itself (see the module docstring): ``about`` takes ``Setting``'s
-    fields (``low``, ``high``, ``below``, ``strict``, ``choices``, ``flag``, ``positional``, ``cli``,
+    fields (``low``, ``high``, ``below``, ``strict``, ``choices``, ``flag``, ``cli``,
     ``default_text``, ``negate``, ``nargs``). A list or dict default is given as a callable (``default=list``), as
     dataclasses want it."""
     if about.get("choices") is not None:
@@ -153,7 +152,7 @@ def check(run) -> None:
     """Check every described field of the dataclass instance ``run`` (types, bounds, choices), normalising
     ints given for floats and lists for tuples in place; the message names the field and its flag."""
     for field, about, kind in described(type(run)):
-        name = f"{field.name} ({flag_of(field, about)})" if about.cli and not about.positional else field.name
+        name = f"{field.name} ({flag_of(field, about)})" if about.cli else field.name
         object.__setattr__(run, field.name, check_value(name, getattr(run, field.name), kind, about))
 
 
@@ -204,7 +203,7 @@ def help_text(field: dataclasses.Field, about: Setting) -> str:
 
 
 def _help_text(field: dataclasses.Field, about: Setting) -> str:
-    if about.required or about.positional:
+    if about.required:
         return about.help
     default = field.default if field.default is not dataclasses.MISSING else None
     if isinstance(default, bool):
@@ -219,16 +218,13 @@ def _help_text(field: dataclasses.Field, about: Setting) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """An option (or positional argument) on ``parser`` for every described field of ``cls`` that the
+    """An option on ``parser`` for every described field of ``cls`` that the
     command line takes (``cli=True``), except those named in ``skip``; returns the parser."""
     fields = described(cls)  # what a command must be given first, then declaration order (a base class's first)
-    for field, about, kind in sorted(fields, key=lambda f: not (f[1].positional or f[1].required)):
+    for field, about, kind in sorted(fields, key=lambda f: not f[1].required):
         if not about.cli or field.name in skip:
             continue
         base, _ = _base(kind)
-        if about.positional:
-            parser.add_argument(field.name, type=_parser_type(about, kind), help=help_text(field, about))
-            continue
         names = [flag_of(field, about)]
         if base is bool:
             parser.add_argument(*names, dest=field.name, action="store_false" if about.negate else "store_true",
@@ -256,7 +252,7 @@ def from_args(cls, args: argparse.Namespace, **more):
     return run
 
 
-def as_record(run) -> dict:
-    """The settings as plain JSON values (tuples as lists), for a run's record."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(run).items()
-            if not callable(v)}
+def base_of(run, cls):
+    """The ``cls`` part of ``run``, an instance of a subclass of ``cls`` (a run's dataclass extends the loop's
+    settings: ``base_of(finetune_run, FitConfig)`` is what the loop takes)."""
+    return cls(**{f.name: getattr(run, f.name) for f in dataclasses.fields(cls)})

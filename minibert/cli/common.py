@@ -15,7 +15,7 @@ import sys
 from ..checks import check_max_length, model_limit
 from ..errors import InputError
 from ..checks import SEED_LIMIT
-from ..runs.settings import DEFAULT_MODEL, MODEL_HELP, OVERWRITE_HELP, RESUME_HELP  # noqa: F401
+from ..runs.settings import DEFAULT_MODEL, MODEL_HELP
 from ..settings import number_type
 from ..textfiles import output_dir, output_file, read_lines  # noqa: F401  (the commands' file checks and reader)
 
@@ -109,37 +109,6 @@ def seed_option() -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed, an integer >= 0 (default 0)")
     return p
-
-
-def output_folder_options(resume: bool = True) -> argparse.ArgumentParser:
-    """``--overwrite`` (and ``--resume``): what to do with an --out that holds something
-    (``outputs.RunFolder``'s rule: without them, such a folder is refused)."""
-    p = _parent()
-    if resume:
-        p.add_argument("--resume", action="store_true", help=RESUME_HELP)
-    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    return p
-
-
-def columns_option(tags: bool = True) -> argparse.ArgumentParser:
-    """The columns of a labelled file (the finetune formats: .csv / .tsv / .jsonl, .conllu for tags)."""
-    p = _parent()
-    p.add_argument("--text-column", default="text")
-    if tags:
-        p.add_argument("--text-pair-column", help="a second text per row (sentence pairs)")
-    p.add_argument("--label-column", default="label")
-    if tags:
-        p.add_argument("--tag-column", default="upos", help="CoNLL-U column with the tags (--task tag)")
-    return p
-
-
-def training_options(epochs: int, batch_size: int, lr_help: str, lr_default: float | None = None,
-                     max_length: int = 128) -> list[argparse.ArgumentParser]:
-    """Epochs, learning rate, batch size, max length, seed, resume / overwrite: what every training command takes."""
-    p = _parent()
-    p.add_argument("--epochs", type=positive_int, default=epochs)
-    p.add_argument("--lr", type=positive_float, default=lr_default, help=lr_help)
-    return [p, batch_size_option(batch_size), max_length_option(max_length), seed_option(), output_folder_options()]
 
 
 def plot_option(what: str) -> argparse.ArgumentParser:

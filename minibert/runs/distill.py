@@ -23,7 +23,8 @@ from ..tools.encode import encode_texts
 from ..tools.surgery import dropout, freeze
 from ..training.distill import (TaskDistiller, augment_texts, default_blocks, distill_embeddings, embedding_agreement,
                        init_student, parse_layer_map)
-from ..training.loop import History, epoch_reporter, fit
+from ..settings import base_of
+from ..training.loop import FitConfig, History, epoch_reporter, fit
 from .settings import DistillRun
 from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
                        run_folder)
@@ -60,7 +61,7 @@ def distill_corpus(run: DistillRun, *, log: Callable[[str], None] | None = None)
 
     ``run.out`` follows the output-folder rule (``outputs.RunFolder``; ``resume``, ``overwrite``)."""
     run.check()
-    config = dataclasses.replace(run.fit_config(), lr=run.learning_rate())
+    config = dataclasses.replace(base_of(run, FitConfig), lr=run.learning_rate())
     student_dropout = 0.0 if run.student_dropout is None else run.student_dropout
     folder = run_folder(run.out, "distill", reads={"--teacher": run.teacher}, config=config, overwrite=run.overwrite)
     out_dir = folder.path
@@ -206,7 +207,7 @@ def distill_task(run: DistillRun, *, log: Callable[[str], None] | None = print) 
     classifier trained on few labels."""
     run.check()
     task = run.task or "classify"
-    config = dataclasses.replace(run.fit_config(), lr=run.learning_rate())
+    config = dataclasses.replace(base_of(run, FitConfig), lr=run.learning_rate())
     temperature = 2.0 if run.temperature is None else run.temperature
     alpha = 0.5 if run.alpha is None else run.alpha
     max_length, student_dropout, teacher_source = run.max_length, run.student_dropout, run.teacher

@@ -13,7 +13,8 @@ from ..models.heads import BertForSequenceClassification
 from ..textfiles import read_json, write_text_atomic
 from ..tokenizer import BertTokenizer
 from ..training.depth import EarlyExit, curve_table, exit_accuracies, exit_curve
-from ..training.loop import epoch_reporter, fit
+from ..settings import base_of
+from ..training.loop import FitConfig, epoch_reporter, fit
 from .settings import ExitsRun
 from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
                        run_folder)
@@ -26,7 +27,7 @@ def train_exits(run: ExitsRun, *, log=None) -> str:
     written to ``run.out`` (the output-folder rule: ``outputs.RunFolder``; ``resume``, ``overwrite``).
     Returns the curve as a markdown table."""
     run.check()
-    config = dataclasses.replace(run.fit_config(), lr=run.learning_rate())
+    config = dataclasses.replace(base_of(run, FitConfig), lr=run.learning_rate())
     max_length = run.max_length
     folder = run_folder(run.out, "exits", reads={"--model": run.model}, config=config, overwrite=run.overwrite)
     out_dir = folder.path

@@ -36,7 +36,8 @@ from ..training.depth import LayerDrop
 from ..training.adapters import add_adapter, save_adapter
 from ..training.lora import apply_lora
 from ..training.lora import merge_lora as merged_lora
-from ..training.loop import History, epoch_reporter, fit
+from ..settings import base_of
+from ..training.loop import FitConfig, History, epoch_reporter, fit
 from ..training.recipes import ScalarMixClassifier, gradual_unfreezing
 from .settings import RECIPES, TASK_MODULE_RECIPES, FinetuneRun
 from .skeleton import begin_fit, check_labels, check_length, finished_history, read_task_data, resolved, run_folder
@@ -69,7 +70,7 @@ def finetune(run: FinetuneRun, *, log: Callable[[str], None] | None = print) -> 
                 "label_column": run.label_column, "tag_column": run.tag_column if run.task == "tag" else None,
                 "batch_size": batch_size, "max_length": run.max_length, "layerdrop": run.layerdrop,
                 "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
-    config = run.fit_config()
+    config = base_of(run, FitConfig)
     with folder.claim(settings) as claimed:
         begin_fit(claimed, config, log)
         if claimed.finished:

@@ -28,6 +28,7 @@ from ..hardware import training_device
 from ..loading import copy_tokenizer
 from ..tokenizer import BertTokenizer
 from ..training import ddp
+from ..settings import base_of
 from ..training.pretrain import CHANGEABLE, PretrainConfig, pretrain
 from ..training.pretrain_data import Examples, MaskingRule, MixedExamples, TokenStore, corpus_files
 from .settings import GEOMETRIES, PretrainRun  # noqa: F401  (GEOMETRIES: geometry_config's, and the benchmarks')
@@ -74,7 +75,7 @@ def run_pretraining(run: PretrainRun, *, log: Callable[[str], None] | None = Non
     from ..tools.surgery import dropout as dropout_at
 
     where, files, eval_files, mix_files, mix_share = _checked(run)  # before any file is created
-    config = run.pretrain_config()
+    config = base_of(run, PretrainConfig)
     rank = ddp.rank()
     folder = RunFolder(run.out, command="pretrain", writer=rank == 0, resume=run.resume, overwrite=run.overwrite,
                        reads={"--model": run.model, "--teacher": run.teacher, "--vocab": run.vocab})

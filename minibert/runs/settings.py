@@ -17,13 +17,36 @@ from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from ..settings import setting
-from ..training.settings import RESUME_HELP, FitConfig, PretrainConfig  # noqa: F401  (RESUME_HELP: for the CLI)
+from ..training.settings import FitConfig, PretrainConfig
 
 DEFAULT_MODEL = "bert-base-uncased"
 MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
-OVERWRITE_HELP = ("replace what --out holds (a model or another run): its files are deleted when the run starts, "
-                  "in one step; without it a folder that holds anything is refused")
 
+
+# the settings several commands share, each declared here once (a dataclass field is made per class)
+def _text_column():
+    return setting("text", "the column holding the text")
+
+
+def _text_pair_column():
+    return setting(None, "a second text per row (sentence pairs)")
+
+
+def _label_column():
+    return setting("label", "the column holding the label")
+
+
+def _tag_column():
+    return setting("upos", "CoNLL-U column with the tags (--task tag)")
+
+
+def _overwrite():
+    return setting(False, "replace what --out holds (a model or another run): its files are deleted when the run "
+                          "starts, in one step; without it a folder that holds anything is refused")
+
+
+def _device():
+    return setting(None, "where to train: cpu (default), cuda or cuda:N")
 
 
 @dataclass(frozen=True)
@@ -73,10 +96,10 @@ class FinetuneRun(FitConfig):
     model: str = setting(DEFAULT_MODEL, MODEL_HELP.removesuffix(f" (default {DEFAULT_MODEL})"))
     task: str = setting("classify", "classify (a label per row), regress (a number per row) or tag (a tag per "
                         "word)", choices=TASKS)
-    text_column: str = setting("text", "the column holding the text")
-    text_pair_column: str | None = setting(None, "a second text per row (sentence pairs)")
-    label_column: str = setting("label", "the column holding the label")
-    tag_column: str = setting("upos", "CoNLL-U column with the tags (--task tag)")
+    text_column: str = _text_column()
+    text_pair_column: str | None = _text_pair_column()
+    label_column: str = _label_column()
+    tag_column: str = _tag_column()
     recipe: str = setting("full", "what trains and how: " + "; ".join(f"{name}: {r.trains}" for name, r in RECIPES.items())
                           + ". adapter, prefix and lora write the task module alone with the head (KB to a few MB; "
                           "`minibert predict` takes it)", choices=tuple(RECIPES))
@@ -87,8 +110,8 @@ class FinetuneRun(FitConfig):
     batch_size: int = setting(16, "texts per batch", low=1)
     max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included; at most the "
                               "model's positions", low=3)
-    overwrite: bool = setting(False, OVERWRITE_HELP)
-    device: str | None = setting(None, "where to train: cpu (default), cuda or cuda:N")
+    overwrite: bool = _overwrite()
+    device: str | None = _device()
     lora_rank: int | None = setting(None, "--recipe lora: the rank r (alpha = 2r), at most the hidden size", low=1,
                                     default_text="8")
     lora_targets: tuple[str, ...] | None = setting(
@@ -133,8 +156,8 @@ class ExitsRun(FitConfig):
     train: str = setting(help="labelled training data (.csv / .tsv / .jsonl)", required=True)
     eval: str = setting(help="held-out data: the accuracy / blocks / time table is measured on it", required=True)
     out: str = setting(help="directory for the classifier with its exits", required=True)
-    text_column: str = setting("text", "the column holding the text")
-    label_column: str = setting("label", "the column holding the label")
+    text_column: str = _text_column()
+    label_column: str = _label_column()
     joint: bool = setting(False, "train the whole model with the exits (default: frozen model, only the exits learn)")
     epochs: int = setting(2, "passes over the training file", low=1)
     lr: float | None = setting(None, "learning rate", low=0.0, strict=True,
@@ -143,7 +166,7 @@ class ExitsRun(FitConfig):
     max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included", low=3)
     rounds: int = setting(5, "timing rounds for the speed column: every rule warmed up, then called in alternation "
                           "this many times; the median and quartiles are printed", low=1)
-    overwrite: bool = setting(False, OVERWRITE_HELP)
+    overwrite: bool = _overwrite()
     progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
 
     def learning_rate(self) -> float:
@@ -200,16 +223,16 @@ class DistillRun(FitConfig):
     student_dropout: float | None = setting(None, "the student's dropout while it trains; the saved student keeps "
                                             "its own", low=0.0, below=1.0,
                                             default_text="0 in embedding mode, its own in task mode")
-    text_column: str = setting("text", "the column holding the text")
-    text_pair_column: str | None = setting(None, "a second text per row (sentence pairs)")
-    label_column: str = setting("label", "the column holding the label")
-    tag_column: str = setting("upos", "CoNLL-U column with the tags (--task tag)")
+    text_column: str = _text_column()
+    text_pair_column: str | None = _text_pair_column()
+    label_column: str = _label_column()
+    tag_column: str = _tag_column()
     k: int = setting(10, "the k of the top-k overlap the agreement reports", low=1, high=1000, cli=False)
     lr: float | None = setting(None, "learning rate", low=0.0, strict=True,
                                default_text="5e-4 embeddings, 5e-5 task")
     batch_size: int = setting(32, "texts per batch", low=1)
     max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included", low=3)
-    overwrite: bool = setting(False, OVERWRITE_HELP)
+    overwrite: bool = _overwrite()
     progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
     bf16: bool = setting(False, "the student trains under bf16 autocast (fp32 master weights; the teacher stays fp32)")
 
@@ -286,8 +309,8 @@ class PretrainRun(PretrainConfig):
     resume: bool = setting(False, "continue the unfinished run in --out from its newest checkpoint (same settings; "
                            "it ends bit for bit as the uninterrupted run would have); a finished run has nothing to "
                            "resume, and a longer run is a new one: --model OUT --out NEW")
-    overwrite: bool = setting(False, OVERWRITE_HELP)
-    device: str | None = setting(None, "where to train: cpu (default), cuda or cuda:N")
+    overwrite: bool = _overwrite()
+    device: str | None = _device()
     dropout: float | None = setting(None, "every dropout at this probability while training, in [0, 1)", low=0.0,
                                     below=1.0, default_text="the model's, 0.1 from scratch; 0 turns it off")
     teacher: str | object | None = setting(None, "a masked-LM folder to distil from while pre-training (DistilBERT: "

@@ -47,11 +47,6 @@ class FitConfig:
         if self.bf16 and self.fp16:
             raise InputError("bf16 and fp16 exclude each other")
 
-    def fit_config(self) -> FitConfig:
-        """The loop's settings alone (a run's dataclass extends this one with its own)."""
-        names = FitConfig.__dataclass_fields__
-        return FitConfig(**{k: v for k, v in asdict(self).items() if k in names})
-
 
 SCHEDULES = ("linear", "cosine")
 
@@ -104,11 +99,4 @@ class PretrainConfig:
 
     def recorded(self) -> dict:
         """What a resumed run must share with the run it continues."""
-        names = PretrainConfig.__dataclass_fields__
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()
-                if k != "progress" and k in names}
-
-    def pretrain_config(self) -> PretrainConfig:
-        """The loop's settings alone (a run's dataclass extends this one with its own)."""
-        names = PretrainConfig.__dataclass_fields__
-        return PretrainConfig(**{k: v for k, v in asdict(self).items() if k in names})
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if k != "progress"}
