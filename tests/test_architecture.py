@@ -208,3 +208,20 @@ def test_architecture_md_names_every_module_and_test_file():
     assert not missing, f"modules ARCHITECTURE.md does not name: {missing}"
     tests = [p.name for p in (ROOT / "tests").glob("test_*.py") if f"tests/{p.name}" not in text]
     assert not tests, f"test files ARCHITECTURE.md's table does not list: {tests}"
+
+
+def test_one_training_loop():
+    """Every run trains through ``training.loop.train``: no other module calls ``backward`` or steps an
+    optimiser (a linear probe's L-BFGS fit in analysis/probing is a measurement, not a run)."""
+    allowed = {"minibert.training.loop", "minibert.analysis.probing"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if module_name(path) in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name in ("backward", "step", "zero_grad", "optimizer_step"):
+                found.append(f"{module_name(path)}:{node.lineno} {name}()")
+    assert not found, "a second training loop: " + ", ".join(found)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-from torch import nn
 
 from conftest import hf_config, random_hf_model
 from minibert import InputError
@@ -58,4 +57,4 @@ def test_torchrun_two_processes_equal_one_with_the_doubled_batch(tmp_path, minil
     with pytest.raises(InputError, match="gradual recipe"):
         from minibert.training import ddp
 
-        ddp.wrap_for_fit(nn.Linear(1, 1), recipe="gradual")
+        ddp.check_recipe("gradual")

@@ -85,17 +85,13 @@ def finetune(run: FinetuneRun, *, log: Callable[[str], None] | None = print) -> 
         model.to(where)  # after the recipe added its modules
         report = epoch_reporter(log, config.epochs)
         drop = LayerDrop(model, run.layerdrop, seed=run.seed) if run.layerdrop else None
-        trained, keep = model, out_dir
-        if world > 1:  # torchrun: each process trains a replica on its slice; process 0 evaluates and saves
-            trained, evaluate, save, keep, report = ddp.wrap_for_fit(model, evaluate=evaluate, save=save,
-                                                                     out_dir=out_dir, log=report, recipe=run.recipe)
-        try:
-            history = fit(trained, batches, config=config, evaluate=evaluate, metric=data.metric, out_dir=keep,
+        try:  # under torchrun each process trains on its slice of every batch; process 0 evaluates and saves
+            history = fit(model, batches, config=config, evaluate=evaluate, metric=data.metric, out_dir=out_dir,
                           on_epoch_start=on_epoch_start, on_epoch_end=report, save=save)
         finally:
             if drop is not None:
                 drop.remove()
-        if keep is not None:
+        if claimed.writer:
             copy_tokenizer(run.model, out_dir)  # so that the checkpoint is usable on its own (`minibert predict DIR`)
             claimed.note(best_epoch=history.best_epoch, best_metric=history.best_metric, metric=history.metric)
     if world > 1:

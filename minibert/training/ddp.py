@@ -1,4 +1,4 @@
-"""Data-parallel fine-tuning: ``torchrun`` starts N processes, each trains a replica on its share of every batch.
+"""Data-parallel training: ``torchrun`` starts N processes, each trains a replica on its share of every batch.
 
     torchrun --standalone --nproc_per_node 2 -m minibert finetune --train train.csv --eval test.csv --model M --out DIR --batch-size 16
 
@@ -72,31 +72,22 @@ def _share(batch: dict, rank: int, world: int) -> tuple[dict, float]:
     return local, (mine / total * world) if total else 0.0
 
 
-class Replica(nn.Module):
-    """A model wrapped for ``fit`` under torchrun: forward takes the global batch, runs this rank's slice
-    through DistributedDataParallel and returns the rescaled loss. Parameter names, ``config`` and
-    ``save_pretrained`` are the model's own, so optimiser groups and checkpoints are as in one process."""
+def wrap(model: nn.Module, *, find_unused_parameters: bool) -> nn.Module:
+    """``model`` in DistributedDataParallel, the one wrapping every training run uses under torchrun
+    (``loop.train`` runs the loss through it). ``find_unused_parameters``: a step may leave some parameters
+    without a gradient (LayerDrop skips blocks, a tagger never uses the pooler, masked-LM needs no NSP head)."""
+    from torch.nn.parallel import DistributedDataParallel
 
-    def __init__(self, model: nn.Module, rank: int, world: int):
-        super().__init__()
-        from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, find_unused_parameters=find_unused_parameters)
 
-        self.inner, self.rank, self.world = model, rank, world
-        self.config = getattr(model, "config", None)
-        # find_unused_parameters: LayerDrop skips blocks and a tagger never uses the pooler
-        self.ddp = DistributedDataParallel(model, find_unused_parameters=True)
 
-    def forward(self, **batch):
-        local, factor = _share(batch, self.rank, self.world)
-        out = self.ddp(**local)
-        out.loss = out.loss * factor
-        return out
-
-    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        return self.inner.named_parameters(prefix, recurse, remove_duplicate)
-
-    def save_pretrained(self, directory) -> None:
-        self.inner.save_pretrained(directory)
+def sliced(loss, rank: int, world: int):
+    """``loss(model, batch)`` on this rank's slice of a global batch, rescaled to its share of the global
+    mean (``_share``), so the averaged gradients are those of the whole batch."""
+    def local_loss(model: nn.Module, batch: dict):
+        local, factor = _share(batch, rank, world)
+        return loss(model, local) * factor
+    return local_loss
 
 
 def check_recipe(recipe: str) -> None:
@@ -104,16 +95,3 @@ def check_recipe(recipe: str) -> None:
     if recipe == "gradual":
         raise InputError("the gradual recipe unfreezes blocks during training, which DistributedDataParallel "
                          "does not allow; run it in one process")
-
-
-def wrap_for_fit(model: nn.Module, *, evaluate=None, save=None, out_dir=None, log=None, recipe: str = "full"):
-    """(replica, evaluate, save, out_dir, log) for ``fit`` on this rank: only rank 0 evaluates, saves and
-    logs. Call inside torchrun (``init`` is called here)."""
-    check_recipe(recipe)
-    rank, world = init()
-    replica = Replica(model, rank, world)
-    if rank != 0:
-        return replica, None, None, None, None
-    wrapped_eval = (lambda m: evaluate(m.inner)) if evaluate is not None else None
-    wrapped_save = (lambda m, directory: save(m.inner, directory)) if save is not None else None
-    return replica, wrapped_eval, wrapped_save, out_dir, log

@@ -1,26 +1,36 @@
-"""Fine-tuning, as a reader can follow it: one function, ``fit``, and the three pieces it is made of.
+"""The training loop every run goes through, as a reader can follow it: ``train``, and ``fit`` around it.
 
-    for each epoch:
-        for each batch:                         (gradient accumulation: every ``accumulate`` batches)
-            loss = model(**batch).loss / accumulate
-            loss.backward()
-            clip the gradient norm, optimizer step (AdamW), learning-rate step (warmup, then linear decay)
-        evaluate; keep the best checkpoint; write metrics.json
+    train(state, steps, loss):                  (fine-tuning, pre-training, distillation, early exits)
+        for each step's micro-batches:          (gradient accumulation: ``accumulate`` of them a step)
+            for each micro-batch:
+                value = loss(model, batch)      (under bf16/fp16 autocast when asked; stop if not finite)
+                (value / accumulate).backward() (torchrun: DDP averages the gradients on the last one)
+            clip the gradient norm, AdamW step, learning-rate step (warmup, then decay)
+            state.step += 1; after_step(...)    (the run's own: a progress bar, a log line, a checkpoint)
+
+    fit(model, batches):                        (the epoch driver of fine-tuning, distillation, exits)
+        for each epoch:
+            train(state, that epoch's batches in groups, model's own loss)
+            evaluate; keep the best checkpoint; write metrics.json and the state to resume from
+
+What differs between runs is only what they hand ``train``: a batch source and a ``loss(model, batch)``
+(``model_loss``: the model's own ``.loss`` -- a head's, a distiller's, the exits'; pre-training's share
+of the masked tokens, ``pretrain._share_loss``) and what they do after a step (``pretrain`` logs,
+evaluates and saves every k steps).
 
 * ``parameter_groups``: AdamW with weight decay on weights only -- biases and LayerNorm parameters are
   not decayed (as BERT was trained) -- and, optionally, layer-wise learning-rate decay (each block's rate
   times ``decay ** depth from the top``; embeddings deepest).
 * ``warmup_then_linear_decay``: the learning-rate schedule of the BERT paper.
-* ``fit``: the loop above, seeded (deterministic on CPU), with a tqdm bar showing loss and throughput
-  when tqdm is installed, and mixed precision as an option: bf16 autocast (CPU or GPU), or fp16 autocast
-  with loss scaling on CUDA; the weights (master copy) stay fp32 either way.
-* **Resuming** (``FitConfig(resume=True)``, ``--resume``): after each epoch ``fit`` writes
-  ``training_state.pt`` into ``out_dir`` -- a ``TrainState``: the model's weights, AdamW's moments, the
-  schedule, which parameters train, every random generator's state, the step, the epoch and the history --
-  atomically (a kill mid-write leaves the previous epoch's state); the pre-training loop writes the same
-  state into its checkpoints. A run started again with ``resume`` continues after the
-  last finished epoch and ends bit for bit where the uninterrupted run would have (CPU; tested with a
-  run killed by SIGKILL). The file is removed when the run finishes.
+* ``TrainState``: the model, AdamW's moments, the schedule, the fp16 loss scaler, the steps taken and
+  where the data stands -- one checkpoint dict, written atomically (a kill mid-write leaves the previous
+  one), with every process's random generators. ``fit`` writes it after each epoch
+  (``training_state.pt``), the pre-training loop into each checkpoint; a run started again with
+  ``resume`` ends bit for bit where the uninterrupted run would have (CPU; tested with SIGKILL for both).
+* Mixed precision: bf16 autocast (CPU or GPU), or fp16 autocast with loss scaling on CUDA; the weights
+  (master copy) stay fp32 either way. Seeded: deterministic on CPU. A tqdm bar when tqdm is installed.
+* Under torchrun (``ddp``) every process builds the same global batches and trains on its slice of each;
+  process 0 alone evaluates, saves and reports.
 """
 
 from __future__ import annotations
@@ -31,12 +41,14 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from contextlib import nullcontext
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
 from ..errors import InputError
+from . import ddp
 from .settings import FitConfig  # noqa: F401  (the loop's settings; declared with the others, no torch there)
 
 
@@ -100,6 +112,62 @@ def warmup_then_linear_decay(optimizer: torch.optim.Optimizer, warmup_steps: int
 
 
 # ------------------------------------------------------------------------------------------- the loop
+def model_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """The loss most runs train on: the model's own (``model(**batch).loss``: a head, a distiller, early exits)."""
+    return model(**batch).loss
+
+
+def train(state: TrainState, steps: Iterable[list[dict]], loss: Callable[[nn.Module, dict], torch.Tensor], config,
+          *, half: torch.dtype | None = None, trained: nn.Module | None = None, kept="nothing is kept",
+          after_step: Callable[[list[float], list[dict]], None] | None = None) -> None:
+    """The one training loop every run goes through (fine-tuning, pre-training, distillation, early exits)::
+
+        for each step's micro-batches (``steps``: lists of up to ``config.accumulate`` batches):
+            for each micro-batch:
+                loss(trained, batch) under autocast (``half``); stop if it is not finite; backward(loss / accumulate)
+            clip the gradient norm (stop if it is not finite); AdamW step; learning-rate step
+            state.step += 1; after_step(the micro-batches' losses, the micro-batches)
+
+    ``trained`` is the module the loss runs through: ``state.model`` itself, or, under torchrun, its
+    ``ddp.wrap`` -- then the gradients are averaged over the processes once a step (``no_sync`` before the
+    last micro-batch). ``kept`` says, in words or through a function, what a stopped run keeps."""
+    model = state.model
+    trained = model if trained is None else trained
+    device = next(model.parameters()).device
+    model.train()
+    state.optimizer.zero_grad(set_to_none=True)
+    for batches in steps:
+        values = []
+        for i, batch in enumerate(batches):
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            synced = trained is model or i == len(batches) - 1  # DDP averages the gradients on the last one
+            with nullcontext() if synced else trained.no_sync():
+                with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
+                    value = loss(trained, batch)
+                values.append(float(value.detach()))
+                check_finite(model, state.step + 1, values[-1], lr=config.lr, scaler=state.scaler, kept=kept)
+                scaled = value.float() / config.accumulate
+                (state.scaler.scale(scaled) if state.scaler else scaled).backward()
+        optimizer_step(model, state.optimizer, state.scheduler, config, state.scaler,
+                       check=lambda norm: check_finite(model, state.step + 1, sum(values) / len(values), norm,
+                                                       lr=config.lr, scaler=state.scaler, kept=kept))
+        state.step += 1
+        if after_step is not None:
+            after_step(values, batches)
+
+
+def groups(batches: Iterable[dict], size: int) -> Iterator[list[dict]]:
+    """``batches`` in lists of ``size`` (one optimiser step each); the last list may be shorter."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
 @dataclass
 class History:
     epochs: list[dict] = field(default_factory=list)  # per epoch: train_loss, metrics, seconds, examples/s
@@ -123,20 +191,24 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
         out_dir=None, on_epoch_start: Callable[[nn.Module, int], None] | None = None,
         on_epoch_end: Callable[[dict], None] | None = None, save: Callable[[nn.Module, Path], None] | None = None,
         steps_per_epoch: int | None = None) -> History:
-    """Fine-tune ``model`` (a module whose forward takes a batch dict and returns ``.loss``).
+    """Fine-tune ``model`` (a module whose forward takes a batch dict and returns ``.loss``): ``train`` over
+    each epoch's batches, then evaluate and keep the best.
 
     ``train_batches(epoch)`` yields the batches of one epoch (shuffled by the caller, e.g. seeded by the
     epoch). ``evaluate(model)`` returns metrics after each epoch; ``metric`` names the one to maximise for
     the best checkpoint, which is saved to ``out_dir`` (``model.save_pretrained``) with ``metrics.json``.
     ``on_epoch_start(model, epoch)`` lets a recipe change what is trainable (gradual unfreezing);
     ``on_epoch_end(record)`` sees each epoch's record (to print it); ``save(model, directory)`` replaces
-    ``model.save_pretrained(directory)`` (LoRA saves a merged copy).
+    ``model.save_pretrained(directory)`` (LoRA saves a merged copy). Under torchrun (``ddp``) every process
+    builds the same global batches and trains on its own slice of each; process 0 alone evaluates, saves
+    and reports.
     """
     save = save or (lambda m, directory: m.save_pretrained(directory))
     config.check()
     if config.resume and out_dir is None:
         raise InputError("resume=True needs out_dir: the training state is kept there")
     seed_everything(config.seed)
+    rank, world = ddp.init() if ddp.is_distributed() else (0, 1)
     device = next(model.parameters()).device
     half, scaler = mixed_precision(config, device)
     if steps_per_epoch is None:
@@ -145,18 +217,19 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
     out_dir = Path(out_dir) if out_dir is not None else None
     state = TrainState(model, None, None, scaler)
     history, trainable_before = History(), None
-    saved = _resumable(out_dir, config, device) if config.resume else None
+    saved = _resumable(out_dir, config, device, world) if config.resume else None
     if saved is not None:  # rebuild what the last finished epoch left, exactly
         restore_model(model, saved)
         trainable_before = tuple(p.requires_grad for p in model.parameters())
         state.optimizer, state.scheduler = _optimiser(model, config, total_steps)
-        state.restore(saved)
+        state.restore(saved, rank)
         history = History(**saved["history"])
+    trained = ddp.wrap(model, find_unused_parameters=True) if world > 1 else model  # LayerDrop skips blocks
+    loss = ddp.sliced(model_loss, rank, world) if world > 1 else model_loss
 
-    def finite(loss_value, norm=None):  # stop before a non-finite step is taken (or saved)
-        check_finite(model, state.step + 1, loss_value, norm, lr=config.lr, scaler=scaler,
-                     kept=lambda: (f"the best epoch so far, {history.best_epoch}, is in {out_dir}"
-                                   if history.best_epoch and out_dir else "no epoch had finished: nothing was saved"))
+    def kept() -> str:
+        return (f"the best epoch so far, {history.best_epoch}, is in {out_dir}" if history.best_epoch and out_dir
+                else "no epoch had finished: nothing was saved")
 
     for epoch in range(state.position, config.epochs):
         if on_epoch_start is not None:
@@ -165,37 +238,73 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
         if trainable != trainable_before:  # the first epoch, or a recipe unfroze something: new groups
             _regroup(state, config, total_steps)
             trainable_before = trainable
-        bar = _bar(steps_per_epoch * config.accumulate, f"epoch {epoch + 1}/{config.epochs}", config.progress)
-        record = {"epoch": epoch + 1, **_epoch(state, train_batches(epoch), config, half, finite, bar)}
-        if evaluate is not None:
-            model.eval()
-            with torch.no_grad():
-                record["eval"] = evaluate(model)
-            if metric is not None:
-                history.metric = metric
-                value = record["eval"][metric]
-                if history.best_metric is None or value > history.best_metric:
-                    history.best_metric, history.best_epoch = value, epoch + 1
-                    if out_dir is not None:
-                        save(model, out_dir)
-        history.epochs.append(record)
-        if on_epoch_end is not None:
+        epoch_record = _EpochRecord(_bar(steps_per_epoch, f"epoch {epoch + 1}/{config.epochs}",
+                                         config.progress and rank == 0))
+        train(state, groups(train_batches(epoch), config.accumulate), loss, config, half=half, trained=trained,
+              kept=kept, after_step=epoch_record.add)
+        record = {"epoch": epoch + 1, **epoch_record.close()}
+        if rank == 0:
+            _evaluate_and_keep(model, record, history, evaluate, metric, out_dir, save)
+        else:
+            history.epochs.append(record)
+        if on_epoch_end is not None and rank == 0:
             on_epoch_end(record)
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            if evaluate is None or metric is None:  # no metric to choose by: keep the last
-                save(model, out_dir)
-            history.to_json(out_dir / "metrics.json")
-            if epoch + 1 < config.epochs:  # what a resumed run needs to continue from here
-                state.position = epoch + 1
-                state.save(out_dir / STATE_FILE, config.recorded(), [rng_state()], history=asdict(history))
-    if out_dir is not None:
+        if out_dir is not None and epoch + 1 < config.epochs:  # what a resumed run needs to continue from here
+            state.position = epoch + 1
+            rng = rng_states(world)  # every process's, gathered
+            if rank == 0:
+                state.save(out_dir / STATE_FILE, config.recorded(), rng, history=asdict(history))
+    if out_dir is not None and rank == 0:
         (out_dir / STATE_FILE).unlink(missing_ok=True)  # finished: nothing to resume
     model.eval()
     return history
 
 
-def _resumable(out_dir: Path, config: FitConfig, device) -> dict | None:
+def _evaluate_and_keep(model, record: dict, history: History, evaluate, metric, out_dir: Path | None, save) -> None:
+    """After an epoch: its evaluation into ``record``; the model saved when the epoch is the best so far
+    (or, with no metric to choose by, always: the last is kept); the record added to ``history``, and
+    metrics.json written."""
+    if evaluate is not None:
+        model.eval()
+        with torch.no_grad():
+            record["eval"] = evaluate(model)
+        if metric is not None:
+            history.metric = metric
+            value = record["eval"][metric]
+            if history.best_metric is None or value > history.best_metric:
+                history.best_metric, history.best_epoch = value, record["epoch"]
+                if out_dir is not None:
+                    save(model, out_dir)
+    history.epochs.append(record)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if evaluate is None or metric is None:
+            save(model, out_dir)
+        history.to_json(out_dir / "metrics.json")
+
+
+class _EpochRecord:
+    """An epoch's training loss and throughput, step by step (``train``'s ``after_step``), on its bar."""
+
+    def __init__(self, bar):
+        self.bar, self.started, self.seen, self.total, self.count = bar, time.perf_counter(), 0, 0.0, 0
+
+    def add(self, losses: list[float], batches: list[dict]) -> None:
+        self.total, self.count = self.total + sum(losses), self.count + len(losses)
+        self.seen += sum(len(b["input_ids"]) for b in batches)
+        self.bar.update(1)
+        if hasattr(self.bar, "set_postfix"):
+            self.bar.set_postfix(loss=f"{self.total / self.count:.4f}",
+                                 ex_s=f"{self.seen / (time.perf_counter() - self.started):.1f}")
+
+    def close(self) -> dict:
+        self.bar.close()
+        seconds = time.perf_counter() - self.started
+        return {"train_loss": self.total / max(1, self.count), "seconds": seconds,
+                "examples_per_second": self.seen / seconds if seconds else 0.0}
+
+
+def _resumable(out_dir: Path, config: FitConfig, device, world: int = 1) -> dict | None:
     """The state the last finished epoch left in ``out_dir`` (None, with a warning, when there is none)."""
     import warnings
 
@@ -204,7 +313,10 @@ def _resumable(out_dir: Path, config: FitConfig, device) -> dict | None:
         warnings.warn(f"resume: no {path.name} in {path.parent} (no unfinished run there): starting from the "
                       "first epoch", stacklevel=3)
         return None
-    return read_state(path, config.recorded(), device)
+    saved = read_state(path, config.recorded(), device)
+    if len(saved["rng"]) != world:
+        raise InputError(f"resume: {path} was written by {len(saved['rng'])} process(es), this job has {world}")
+    return saved
 
 
 def _optimiser(model: nn.Module, config: FitConfig, total_steps: int, done_steps: int = 0):
@@ -225,42 +337,6 @@ def _regroup(state: TrainState, config: FitConfig, total_steps: int) -> None:
         for p in group["params"]:
             if p in previous:
                 state.optimizer.state[p] = previous[p]
-
-
-def _epoch(state: TrainState, batches: Iterable[dict], config: FitConfig, half, finite, bar) -> dict:
-    """One pass over ``batches``: forward (autocast to ``half`` when set), backward (scaled by the fp16
-    scaler), an optimiser step every ``config.accumulate`` batches and after a last, partial group;
-    ``finite`` checks each loss and each step's gradient norm. Returns the epoch's record."""
-    model, device = state.model, next(state.model.parameters()).device
-    model.train()
-    started, seen, total_loss, count, value = time.perf_counter(), 0, 0.0, 0, 0.0
-    state.optimizer.zero_grad(set_to_none=True)
-
-    def step():
-        optimizer_step(model, state.optimizer, state.scheduler, config, state.scaler,
-                       check=lambda norm: finite(value, norm))
-        state.step += 1
-
-    for i, batch in enumerate(batches):
-        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
-            loss = model(**batch).loss
-        value = float(loss.detach())
-        finite(value)
-        scaled = loss.float() / config.accumulate
-        (state.scaler.scale(scaled) if state.scaler else scaled).backward()
-        total_loss, count, seen = total_loss + value, count + 1, seen + len(batch["input_ids"])
-        if (i + 1) % config.accumulate == 0:
-            step()
-        bar.update(1)
-        if hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{total_loss / count:.4f}", ex_s=f"{seen / (time.perf_counter() - started):.1f}")
-    if count % config.accumulate:  # a last, partial accumulation
-        step()
-    bar.close()
-    seconds = time.perf_counter() - started
-    return {"train_loss": total_loss / max(1, count), "seconds": seconds,
-            "examples_per_second": seen / seconds if seconds else 0.0}
 
 
 STATE_FILE = "training_state.pt"
@@ -310,6 +386,16 @@ def rng_state() -> dict:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def rng_states(world: int = 1) -> list[dict]:
+    """``rng_state()`` of every process of the run (gathered under torchrun: every process must call it),
+    as a checkpoint keeps them."""
+    if world == 1:
+        return [rng_state()]
+    states = [None] * world
+    torch.distributed.all_gather_object(states, rng_state())
+    return states
 
 
 def set_rng_state(state: dict) -> None:
@@ -428,7 +514,7 @@ def _bar(total: int, desc: str, enabled: bool):
 
     bar = progress_bar(total, desc, enabled)
     if hasattr(bar, "unit"):
-        bar.unit = "batch"
+        bar.unit = "step"
     return bar
 
 

@@ -33,7 +33,6 @@ import json
 import math
 import shutil
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -45,8 +44,8 @@ from ..errors import InputError
 from ..loading import copy_tokenizer
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
-from .loop import (STATE_FILE, TrainState, check_finite, mixed_precision, optimizer_step, parameter_groups, read_state,
-                   restore_model, rng_state)
+from .loop import (STATE_FILE, TrainState, mixed_precision, parameter_groups, read_state, restore_model, rng_states,
+                   train)
 from .pretrain_data import Examples
 from .settings import PretrainConfig  # the loop's settings, declared with the others (no torch there)
 
@@ -193,91 +192,100 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
     if resume:
         _resume(state, out_dir, config, rank, world, steps, log)
     start = state.step
-    trained = model
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        trained = DistributedDataParallel(model, find_unused_parameters=not examples.nsp)
+    trained = ddp.wrap(model, find_unused_parameters=not examples.nsp) if world > 1 else model
     log_path = out_dir / "log.jsonl"
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         _trim_log(log_path, start)
-    last = _last_record(log_path) if start else {}  # a resumed run that has no step left keeps what it logged
-    bar = _bar(steps, start, config.progress and rank == 0)
-    model.train()
     keep_at = set(snapshot_steps(steps, config.snapshots))
     if rank == 0 and start == 0 and 0 in keep_at:
         _save_snapshot(out_dir, model, 0, tokenizer_source)
-    window = _Window()
-    for _ in range(start, steps):
-        step_loss, tokens = _step(state, trained, examples, config, half, rank, world, out_dir)
-        window.add(step_loss, tokens * world)
-        bar.update(1)
-        done = state.step
-        record = window.record(done, state) if done % config.log_every == 0 or done == steps else None
-        if record is not None and hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{record['loss']:.3f}")
-        if eval_examples is not None and config.eval_every and (done % config.eval_every == 0 or done == steps):
-            if rank == 0:
-                record = {**(record or {"step": done}), **evaluate(model, eval_examples, config.eval_examples)}
-        if record is not None and rank == 0:
-            last = record
-            with open(log_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-            if log is not None:
-                log(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
-        if done in keep_at and rank == 0:
-            _save_snapshot(out_dir, model, done, tokenizer_source)
-        if config.save_every and (done % config.save_every == 0 or done == steps):
-            _checkpoint(out_dir, state, config, rank, world, tokenizer_source)
-    bar.close()
+    every = _EveryStep(state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source, log)
+    every.last = _last_record(log_path) if start else {}  # a resumed run that has no step left keeps what it logged
+    every.bar.update(start)
+    train(state, _micro_batches(state, examples, config, steps, rank, world), _share_loss(rank, world), config,
+          half=half, trained=trained, kept=lambda: _last_good(out_dir), after_step=every)
+    every.bar.close()
     model.eval()
     if rank == 0:
         model.save_pretrained(out_dir)
         write_text_atomic(out_dir / "pretrain.json", json.dumps({"config": config.recorded(), "steps": steps,
-                                                                  "examples": state.position, "last": last}, indent=2)
-                          + "\n")
-    return {**last, "steps": steps, "examples": state.position, **({"resumed_from": start} if start else {})}
+                                                                  "examples": state.position, "last": every.last},
+                                                                 indent=2) + "\n")
+    return {**every.last, "steps": steps, "examples": state.position, **({"resumed_from": start} if start else {})}
 
 
-def _step(state: TrainState, trained, examples: Examples, config: PretrainConfig, half, rank: int, world: int,
-          out_dir: Path) -> tuple[float, int]:
-    """One optimiser step over ``config.accumulate`` micro-batches of the next examples (this process's
-    slice of each), each loss scaled to its share of the step's masked tokens (and examples, for NSP) so
-    that N processes take the step one process takes on the whole batch. Returns (the step's loss, summed
-    over processes; this process's tokens)."""
-    model, device = state.model, _device(state.model)
-    step_loss, tokens = 0.0, 0
-    for micro in range(config.accumulate):
-        first = state.position + micro * config.batch_size
-        lo, hi = (first + config.batch_size * r // world for r in (rank, rank + 1))
-        batch = {k: v.to(device) for k, v in examples.batch(range(lo, hi)).items()}
+def _micro_batches(state: TrainState, examples: Examples, config: PretrainConfig, steps: int, rank: int, world: int):
+    """Each step's ``config.accumulate`` micro-batches, from the examples the run has not consumed yet
+    (``state.position``, moved on after each step): this process's slice of each global batch of
+    ``config.batch_size`` examples, masked (``Examples.batch``: example n is always the same example with
+    the same mask)."""
+    while state.step < steps:
+        micro = []
+        for m in range(config.accumulate):
+            first = state.position + m * config.batch_size
+            lo, hi = (first + config.batch_size * r // world for r in (rank, rank + 1))
+            micro.append(examples.batch(range(lo, hi)))
+        yield micro
+
+
+def _share_loss(rank: int, world: int):
+    """The masked-LM loss (+ NSP) of this process's slice, scaled to its share of the global micro-batch's
+    masked tokens (and examples, for NSP) times ``world``, so that DDP's average over N processes is the
+    loss one process takes on the whole micro-batch."""
+    def loss(trained: nn.Module, batch: dict) -> torch.Tensor:
+        batch = dict(batch)
         nsl = batch.pop("next_sentence_label", None)
         masked = (batch["labels"] != -100).sum()
-        counts = torch.stack([masked, torch.tensor(hi - lo, device=device)]).float()
+        counts = torch.stack([masked, torch.tensor(len(batch["input_ids"]), device=masked.device)]).float()
         if world > 1:
-            torch.distributed.all_reduce(counts)
-        sync = micro == config.accumulate - 1 or world == 1
-        with trained.no_sync() if not sync else nullcontext():
-            with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
-                out = trained(**batch, next_sentence_label=nsl) if nsl is not None else trained(**batch)
-            loss = out.mlm_loss.float() * (float(masked) / max(1.0, float(counts[0])) * world)
-            if nsl is not None:
-                loss = loss + out.nsp_loss.float() * (hi - lo) / float(counts[1]) * world
-            loss = loss / config.accumulate
-            (state.scaler.scale(loss) if state.scaler else loss).backward()
-        step_loss += float(loss.detach()) / world
-        tokens += int(batch["attention_mask"].sum())
-    optimizer_step(model, state.optimizer, state.scheduler, config, state.scaler,  # checked before the step is taken
-                   check=lambda norm: check_finite(model, state.step + 1, step_loss, norm, lr=config.lr,
-                                                   scaler=state.scaler, kept=lambda: _last_good(out_dir)))
-    state.step += 1
-    state.position += config.batch_size * config.accumulate
-    if world > 1:
-        total = torch.tensor(step_loss, device=device)
-        torch.distributed.all_reduce(total)
-        step_loss = float(total)
-    return step_loss, tokens
+            torch.distributed.all_reduce(counts)  # the global micro-batch's masked tokens and examples
+        out = trained(**batch, next_sentence_label=nsl) if nsl is not None else trained(**batch)
+        value = out.mlm_loss.float() * (float(masked) / max(1.0, float(counts[0])) * world)
+        if nsl is not None:
+            value = value + out.nsp_loss.float() * len(nsl) / float(counts[1]) * world
+        return value
+    return loss
+
+
+class _EveryStep:
+    """``train``'s ``after_step`` for pre-training: the examples consumed, and every k steps a log line
+    (``log.jsonl``; ``log``), a held-out evaluation, a snapshot, a checkpoint (process 0 writes)."""
+
+    def __init__(self, state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source, log):
+        self.state, self.config, self.steps, self.out_dir, self.rank, self.world = state, config, steps, out_dir, rank, world
+        self.keep_at, self.eval_examples, self.tokenizer_source, self.log = keep_at, eval_examples, tokenizer_source, log
+        self.window, self.last = _Window(), {}
+        self.bar = _bar(steps, config.progress and rank == 0)
+
+    def __call__(self, losses: list[float], batches: list[dict]) -> None:
+        state, config, done = self.state, self.config, self.state.step
+        state.position += config.batch_size * config.accumulate
+        step_loss = sum(losses) / config.accumulate
+        if self.world > 1:  # the mean over processes of the step's loss
+            total = torch.tensor(step_loss, device=_device(state.model))
+            torch.distributed.all_reduce(total)
+            step_loss = float(total) / self.world
+        self.window.add(step_loss, sum(int(b["attention_mask"].sum()) for b in batches) * self.world)
+        self.bar.update(1)
+        end = done == self.steps
+        record = self.window.record(done, state) if done % config.log_every == 0 or end else None
+        if record is not None and hasattr(self.bar, "set_postfix"):
+            self.bar.set_postfix(loss=f"{record['loss']:.3f}")
+        if self.eval_examples is not None and config.eval_every and (done % config.eval_every == 0 or end):
+            if self.rank == 0:
+                record = {**(record or {"step": done}),
+                          **evaluate(state.model, self.eval_examples, config.eval_examples)}
+        if record is not None and self.rank == 0:
+            self.last = record
+            with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            if self.log is not None:
+                self.log(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+        if done in self.keep_at and self.rank == 0:
+            _save_snapshot(self.out_dir, state.model, done, self.tokenizer_source)
+        if config.save_every and (done % config.save_every == 0 or end):
+            _checkpoint(self.out_dir, state, config, self.rank, self.world, self.tokenizer_source)
 
 
 class _Window:
@@ -301,24 +309,19 @@ class _Window:
 def _checkpoint(out_dir: Path, state: TrainState, config: PretrainConfig, rank: int, world: int,
                 tokenizer_source) -> None:
     """Every process's random generators gathered, and process 0 writes the checkpoint."""
-    states = [None] * world
-    if world > 1:
-        torch.distributed.all_gather_object(states, rng_state())
-    else:
-        states = [rng_state()]
+    states = rng_states(world)
     if rank == 0:
         _save_checkpoint(out_dir, state, config, states, tokenizer_source)
     if world > 1:
         torch.distributed.barrier()
 
 
-def _bar(steps: int, start: int, enabled: bool):
+def _bar(steps: int, enabled: bool):
     from ..tools.progress import progress_bar
 
     bar = progress_bar(steps, "pretraining", enabled)
     if hasattr(bar, "unit"):
         bar.unit = "step"
-    bar.update(start)
     return bar
 
 
