@@ -61,7 +61,7 @@ from minibert.runs import distill as distill_pipeline, exits, finetune as tasks 
 from minibert.training.datasets import read_table  # noqa: E402
 
 from minibert.tools import timing as harness  # noqa: E402  (the one timing loop)
-from minibert.training.loop import FitConfig  # noqa: E402
+from minibert.training.settings import EmbeddingDistillConfig  # noqa: E402
 from minibert.runs.settings import DistillRun, ExitsRun, FinetuneRun  # noqa: E402
 
 MODEL = ROOT / "weights" / "all-MiniLM-L6-v2"
@@ -134,14 +134,16 @@ def part_embeddings(args, results):
         if args.quick:
             epochs = 1  # a smoke run
         bf16, frozen = options.pop("bf16", False), options.pop("freeze_embeddings", False)
+        layer_map = options.pop("layer_map", None)
         if not (directory / "metrics.json").exists():
             student = distill.init_student(teacher, blocks).train()
             if frozen:  # the student keeps the teacher's embeddings as they are
                 surgery.freeze(student, embeddings=True)
             distill.distill_embeddings(teacher, student, tokenizer, run_texts, eval_texts=held, out_dir=directory,
-                                       config=FitConfig(epochs=epochs, lr=options.pop("lr"), bf16=bf16,
-                                                        progress=False),
-                                       batch_size=32, max_length=128, log=print, **options)
+                                       config=EmbeddingDistillConfig(epochs=epochs, lr=options.pop("lr"), bf16=bf16,
+                                                                     progress=False, batch_size=32, max_length=128,
+                                                                     **options),
+                                       layer_map=layer_map, log=print)
         history = json.loads((directory / "metrics.json").read_text())
         best = history["epochs"][history["best_epoch"] - 1]
         out["runs"].append({"name": name, "blocks": blocks, "train_texts": len(run_texts), "cpu": cpu_info()[0],
@@ -197,9 +199,11 @@ def part_probes(args, results):
         directory = run_dir(args, "probe", name)
         if not (directory / "metrics.json").exists():
             student = distill.init_student(teacher, options.pop("blocks", [0, 2, 4])).train()
+            layer_map = options.pop("layer_map", None)
             distill.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, out_dir=directory,
-                                       config=FitConfig(epochs=1, lr=options.pop("lr"), progress=False),
-                                       max_length=128, log=print, **options)
+                                       config=EmbeddingDistillConfig(epochs=1, lr=options.pop("lr"), progress=False,
+                                                                     max_length=128, **options),
+                                       layer_map=layer_map, log=print)
         epoch = json.loads((directory / "metrics.json").read_text())["epochs"][0]
         rows.append({"name": name, **epoch["eval"], "seconds": epoch["seconds"]})
     results["probes"] = {"train_texts": len(texts), "held_texts": len(held), "rows": rows}

@@ -21,6 +21,7 @@ from minibert.training import depth, distill
 from minibert.runs import distill as distill_pipeline
 from minibert.training.data import classification_batches
 from minibert.training.loop import FitConfig, fit
+from minibert.training.settings import EmbeddingDistillConfig
 from minibert.tools.encode import encode_texts
 from minibert.runs.settings import DistillRun
 
@@ -178,9 +179,9 @@ def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir
     rates = []  # the dropout rate the student trains with (off by default), seen from inside its forward pass
     hook = student.encoder.blocks[0].dropout.register_forward_pre_hook(
         lambda module, args: rates.append((module.p, module.training)))
-    history = distill.distill_embeddings(teacher, student, tok, texts, eval_texts=held, normalize=True,
-                                         out_dir=tmp_path / "s", config=FitConfig(epochs=2, lr=3e-4, progress=False),
-                                         batch_size=16, max_length=48)
+    history = distill.distill_embeddings(teacher, student, tok, texts, eval_texts=held, out_dir=tmp_path / "s",
+                                         config=EmbeddingDistillConfig(epochs=2, lr=3e-4, progress=False,
+                                                                       normalize=True, batch_size=16, max_length=48))
     hook.remove()
     assert {p for p, training in rates if training} == {0.0}
     assert student.encoder.blocks[0].dropout.p == 0.1 and student.config.hidden_dropout_prob == 0.1  # its own again
@@ -211,9 +212,10 @@ def test_cached_teacher_vectors_train_the_same_student_without_running_the_teach
     for cache in (False, True):
         calls.clear()
         student = distill.init_student(teacher, [0, 3]).train()
-        distill.distill_embeddings(teacher, student, tok, texts, normalize=True, cache_teacher=cache,
-                                   group_by_length=True, batch_size=8, max_length=24,
-                                   config=FitConfig(epochs=2, lr=1e-3, progress=False))
+        distill.distill_embeddings(teacher, student, tok, texts,
+                                   config=EmbeddingDistillConfig(epochs=2, lr=1e-3, progress=False, normalize=True,
+                                                                 cache_teacher=cache, group_by_length=True,
+                                                                 batch_size=8, max_length=24))
         students[cache] = student
         assert len(calls) == (0 if cache else 2 * 5)  # 5 batches an epoch, each ran the teacher
     plain, cached = ({k: v.detach() for k, v in students[c].named_parameters()} for c in (False, True))
@@ -231,8 +233,8 @@ def test_cached_teacher_vectors_train_the_same_student_without_running_the_teach
     with pytest.raises(InputError, match="targets: 3 vectors for 40 texts"):
         distill.text_batches(tok, texts, targets=targets[:3])
     with pytest.raises(InputError, match="cache_teacher keeps only the teacher's pooled vectors"):
-        distill.distill_embeddings(teacher, distill.init_student(teacher, [0, 3]), tok, texts, cache_teacher=True,
-                                   hidden_weight=0.1)
+        distill.distill_embeddings(teacher, distill.init_student(teacher, [0, 3]), tok, texts,
+                                   config=EmbeddingDistillConfig(cache_teacher=True, hidden_weight=0.1))
 
 
 def test_the_teacher_stays_fp32_when_the_student_trains_in_bf16(tiny_encoder_dir):

@@ -25,6 +25,7 @@ from minibert.training import depth, distill
 from minibert.training.data import classification_batches
 from minibert.training.datasets import read_table
 from minibert.training.loop import FitConfig, fit
+from minibert.training.settings import EmbeddingDistillConfig
 
 root = Path(minibert.__file__).resolve().parents[1]
 folder = root / "weights" / "all-MiniLM-L6-v2"
@@ -62,9 +63,9 @@ history = distill.distill_embeddings(
     tokenizer,
     train_texts,
     eval_texts=held_texts,
-    normalize=True,
-    cache_teacher=True,
-    config=FitConfig(epochs=1, lr=5e-4, progress=False),
+    config=EmbeddingDistillConfig(
+        epochs=1, lr=5e-4, progress=False, normalize=True, cache_teacher=True
+    ),
 )
 after = history.epochs[-1]["eval"]
 print(

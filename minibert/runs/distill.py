@@ -25,6 +25,7 @@ from ..training.distill import (TaskDistiller, augment_texts, default_blocks, di
                        init_student, parse_layer_map)
 from ..settings import base_of
 from ..training.loop import FitConfig, History, epoch_reporter, fit
+from ..training.settings import EmbeddingDistillConfig
 from .settings import DistillRun
 from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
                        run_folder)
@@ -56,17 +57,18 @@ def distill_corpus(run: DistillRun, *, log: Callable[[str], None] | None = None)
     (``surgery.freeze``): no gradient for the word-embedding matrix, a faster step.
 
     A teacher that is a sentence-transformers folder gives its pooling and normalisation as the defaults
-    (``pool`` / ``normalize`` None; otherwise mean, not normalised), and the student is written with the
+    (``pooling`` / ``normalize`` None; otherwise mean, not normalised), and the student is written with the
     same folder settings (modules.json, pooling config, max_seq_length), so it embeds as its teacher does.
 
     ``run.out`` follows the output-folder rule (``outputs.RunFolder``; ``resume``, ``overwrite``)."""
     run.check()
-    config = dataclasses.replace(base_of(run, FitConfig), lr=run.learning_rate())
     student_dropout = 0.0 if run.student_dropout is None else run.student_dropout
-    folder = run_folder(run.out, "distill", reads={"--teacher": run.teacher}, config=config, overwrite=run.overwrite)
+    folder = run_folder(run.out, "distill", reads={"--teacher": run.teacher}, config=run, overwrite=run.overwrite)
     out_dir = folder.path
     texts, eval_texts, split = _corpus_texts(run, log)
     teacher, tokenizer, sentence, pooling, normalize = _embedding_teacher(run)
+    config = dataclasses.replace(base_of(run, EmbeddingDistillConfig), lr=run.learning_rate(), pooling=pooling,
+                                 normalize=normalize, student_dropout=student_dropout)
     if run.max_length is not None:
         check_max_length("max_length (--max-length)", run.max_length, model_limit(teacher.config, tokenizer))
     blocks = run.blocks() or default_blocks(teacher.config.num_hidden_layers)
@@ -92,13 +94,8 @@ def distill_corpus(run: DistillRun, *, log: Callable[[str], None] | None = None)
                              pooling, normalize, sentence is not None, kept.get("trained_on", len(texts)))
         vectors = lambda m: encode_texts(m, tokenizer, eval_texts, pooling=pooling, max_length=run.max_length)  # noqa: E731
         before = embedding_agreement(vectors(teacher), vectors(student), k=run.k)
-        history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, pooling=pooling,
-                                     normalize=normalize, similarity_weight=run.similarity_weight,
-                                     hidden_weight=run.hidden_weight, attention_weight=run.attention_weight,
-                                     layer_map=layer_map, config=config, batch_size=run.batch_size,
-                                     max_length=run.max_length, group_by_length=run.group_by_length,
-                                     student_dropout=student_dropout, cache_teacher=run.cache_teacher,
-                                     out_dir=out_dir, log=log, k=run.k)
+        history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, config=config,
+                                     layer_map=layer_map, out_dir=out_dir, log=log)
         copy_tokenizer(run.teacher, out_dir)
         if sentence is not None:  # the student embeds as its teacher does: the same folder settings
             _keep_sentence_settings(sentence, student, tokenizer, pooling, normalize, out_dir, run.teacher, log)
@@ -145,7 +142,7 @@ def _embedding_teacher(run: DistillRun):
     sentence-transformers folder's pooling and normalisation are the defaults."""
     from ..compat.sentence import SentenceEncoder, is_sentence_folder
 
-    pooling, normalize = run.pool, run.normalize
+    pooling, normalize = run.pooling, run.normalize
     sentence = SentenceEncoder.from_pretrained(run.teacher) if is_sentence_folder(run.teacher) else None
     if sentence is not None:
         if pooling is None and len(sentence.pooling) != 1:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from ..settings import setting
-from ..training.settings import FitConfig, PretrainConfig
+from ..training.settings import POOLINGS, EmbeddingDistillConfig, FitConfig, PretrainConfig
 
 DEFAULT_MODEL = "bert-base-uncased"
 MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
@@ -185,7 +185,7 @@ EMBEDDING_ONLY = (
 
 
 @dataclass(kw_only=True)
-class DistillRun(FitConfig):
+class DistillRun(EmbeddingDistillConfig):
     """``minibert distill``: a shallower student of a teacher -- its sentence embeddings on unlabelled texts
     (``texts``: embedding mode), or its predictions on labelled files (``train`` and ``eval``: task mode)."""
 
@@ -197,16 +197,11 @@ class DistillRun(FitConfig):
                                        "texts too)")
     eval_texts: str | list | None = setting(None, "embedding mode: held-out texts for the agreement, at least 21",
                                             default_text="5 % of --texts, at least 21, at most 1000")
-    pool: str | None = setting(None, "embedding mode: sentence vector", choices=("mean", "cls", "max"),
-                               default_text="a sentence-transformers teacher's pooling, else mean")
+    pooling: str | None = setting(None, "embedding mode: sentence vector", choices=POOLINGS, flag="--pool",
+                                  default_text="a sentence-transformers teacher's pooling, else mean")
     normalize: bool | None = setting(None, "embedding mode: match unit vectors (default: as a sentence-transformers "
                                      "teacher does)")
-    similarity_weight: float = setting(0.0, "embedding mode: weight of the MSE between in-batch cosine similarities")
-    group_by_length: bool = setting(False, "embedding mode: batches of texts of similar length (less padding, faster "
-                                    "epochs)")
     augment: int = setting(0, "embedding mode: add N texts made from --texts (crops, pairs, word dropout)")
-    cache_teacher: bool = setting(False, "embedding mode: compute the teacher's vectors once, before the first epoch "
-                                  "(faster epochs; not with --hidden-weight / --attention-weight)")
     freeze_embeddings: bool = setting(False, "embedding mode: the student keeps the teacher's embeddings (a faster "
                                       "step)")
     train: str | None = setting(None, "task mode: labelled training data (the finetune formats)")
@@ -217,8 +212,6 @@ class DistillRun(FitConfig):
                                         default_text="2")
     alpha: float | None = setting(None, "task mode: weight of the soft targets, in [0, 1]", low=0.0, high=1.0,
                                   default_text="0.5")
-    hidden_weight: float = setting(0.0, "weight of the hidden-state MSE")
-    attention_weight: float = setting(0.0, "weight of the attention KL")
     layer_map: str | None = setting(None, "student:teacher hidden states, e.g. 1:2,2:4,3:6", default_text="uniform")
     student_dropout: float | None = setting(None, "the student's dropout while it trains; the saved student keeps "
                                             "its own", low=0.0, below=1.0,
@@ -227,11 +220,8 @@ class DistillRun(FitConfig):
     text_pair_column: str | None = _text_pair_column()
     label_column: str = _label_column()
     tag_column: str = _tag_column()
-    k: int = setting(10, "the k of the top-k overlap the agreement reports", low=1, high=1000, cli=False)
     lr: float | None = setting(None, "learning rate", low=0.0, strict=True,
                                default_text="5e-4 embeddings, 5e-5 task")
-    batch_size: int = setting(32, "texts per batch", low=1)
-    max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included", low=3)
     overwrite: bool = _overwrite()
     progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
     bf16: bool = setting(False, "the student trains under bf16 autocast (fp32 master weights; the teacher stays fp32)")

@@ -28,7 +28,7 @@ student trains under bf16 autocast; for long embedding runs its vectors can be c
 
     from minibert.training.distill import init_student, distill_embeddings, embedding_agreement
     student = init_student(teacher, blocks=[0, 2, 4])                   # 6 -> 3 blocks
-    distill_embeddings(teacher, student, tokenizer, texts, config=FitConfig(epochs=1, lr=1e-4))
+    distill_embeddings(teacher, student, tokenizer, texts, config=EmbeddingDistillConfig(epochs=1, lr=1e-4))
     embedding_agreement(encode_texts(teacher, tok, held), encode_texts(student, tok, held))  # {"spearman", "top_k_overlap", ...}
 
 ``minibert distill`` runs both modes from files: ``minibert.runs.distill`` (``distill_corpus``,
@@ -55,10 +55,11 @@ from ..model import BertModel
 from ..tools import fast
 from ..tools.batching import collate
 from ..tools.encode import encode_texts
-from ..tools.surgery import check_dropout, dropout, keep_blocks
+from ..tools.surgery import dropout, keep_blocks
 from . import metrics
 from .data import _epoch_rows
-from .loop import FitConfig, History, epoch_reporter, fit
+from .loop import History, epoch_reporter, fit
+from .settings import EmbeddingDistillConfig
 
 POOLINGS = ("mean", "cls", "max")
 
@@ -412,48 +413,46 @@ def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Te
 
 
 def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts: Sequence[str], *,
-                       eval_texts: Sequence[str] | None = None, pooling: str = "mean", normalize: bool = False,
-                       similarity_weight: float = 0.0, hidden_weight: float = 0.0, attention_weight: float = 0.0,
-                       layer_map: dict[int, int] | None = None, config: FitConfig = FitConfig(epochs=3, lr=5e-4),
-                       batch_size: int = 32, max_length: int | None = 128, group_by_length: bool = False,
-                       student_dropout: float | None = 0.0, cache_teacher: bool = False, out_dir=None,
-                       k: int = 10, log: Callable[[str], None] | None = None) -> History:
-    """Train ``student`` (in place) so that its pooled vectors match ``teacher``'s on ``texts``. After each
-    epoch, with ``eval_texts``, the two models' agreement on them (``embedding_agreement``); the epoch
-    with the best Spearman agreement is kept in ``out_dir``; ``k``: the top-k overlap reported beside it. ``group_by_length``: batches of similar
-    lengths (``text_batches``), less padding to compute. ``student_dropout``: every dropout of the student
-    at this probability while it trains (0: off -- a regression onto a deterministic teacher fits better
-    without that noise; measured in README), its own again afterwards; None leaves it as it is.
-    ``cache_teacher``: the teacher's vectors of all ``texts`` are computed once, before the first epoch
-    (fast path, batched in length order), and every epoch trains on them: the teacher's forward pass
-    leaves the training step. It keeps len(texts) x H floats and needs no hidden-state or attention term.
-    The teacher always runs in fp32, also when ``config.bf16`` trains the student under bf16 autocast."""
+                       eval_texts: Sequence[str] | None = None,
+                       config: EmbeddingDistillConfig = EmbeddingDistillConfig(),
+                       layer_map: dict[int, int] | None = None, out_dir=None,
+                       log: Callable[[str], None] | None = None) -> History:
+    """Train ``student`` (in place) so that its pooled vectors (``config.pooling``, unit length with
+    ``config.normalize``) match ``teacher``'s on ``texts``, with the loss and batches ``config`` sets
+    (``EmbeddingDistillConfig``; ``layer_map``: student block -> teacher block for the hidden-state and
+    attention terms). After each epoch, with ``eval_texts``, the two models' agreement on them
+    (``embedding_agreement``, its top-``config.k`` overlap beside the Spearman); the epoch with the best
+    Spearman agreement is kept in ``out_dir``. ``group_by_length``: batches of similar lengths
+    (``text_batches``), less padding to compute. ``student_dropout``: every dropout of the student at this
+    probability while it trains, its own again afterwards; None leaves it as it is. ``cache_teacher``: the
+    teacher's vectors of all ``texts`` are computed once, before the first epoch (fast path, batched in
+    length order), and every epoch trains on them: the teacher's forward pass leaves the training step. It
+    keeps len(texts) x H floats and needs no hidden-state or attention term. The teacher always runs in
+    fp32, also when ``config.bf16`` trains the student under bf16 autocast."""
+    config.check()
+    k, pooling, max_length, student_dropout = config.k, config.pooling, config.max_length, config.student_dropout
     if eval_texts is not None and len(eval_texts) < 2 * k + 1:
         raise InputError(f"eval_texts: {len(eval_texts)} text(s); the agreement's top-{k} overlap needs at least "
                          f"{2 * k + 1} (each text's {k} nearest among at least {2 * k} others; k sets it)")
-    if cache_teacher and (hidden_weight or attention_weight):
-        raise InputError("cache_teacher keeps only the teacher's pooled vectors: hidden_weight and "
-                         "attention_weight need its states on every batch (leave cache_teacher off)")
-    if student_dropout is not None:
-        check_dropout(student_dropout)
-    distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=normalize,
-                                   similarity_weight=similarity_weight, hidden_weight=hidden_weight,
-                                   attention_weight=attention_weight, layer_map=layer_map)
-    evaluate, reference = None, None
+    distiller = EmbeddingDistiller(teacher, student, pooling=pooling, normalize=config.normalize,
+                                   similarity_weight=config.similarity_weight, hidden_weight=config.hidden_weight,
+                                   attention_weight=config.attention_weight, layer_map=layer_map)
+    evaluate = None
     if eval_texts:
         reference = encode_texts(teacher, tokenizer, eval_texts, pooling=pooling, max_length=max_length)
 
-        def evaluate(m):
+        def agreement(m):
             return embedding_agreement(reference, encode_texts(m.student, tokenizer, eval_texts, pooling=pooling,
                                                         max_length=max_length), k=k)
+        evaluate = agreement
     targets = None
-    if cache_teacher:
+    if config.cache_teacher:
         started = time.perf_counter()
         targets = encode_texts(teacher, tokenizer, texts, pooling=pooling, max_length=max_length)  # (N, H), fp32
         if log is not None:
             log(f"teacher vectors of {len(texts):,} texts computed once: {time.perf_counter() - started:.1f} s")
-    batches = text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, seed=config.seed,
-                           group_by_length=group_by_length, targets=targets)
+    batches = text_batches(tokenizer, texts, batch_size=config.batch_size, max_length=max_length, seed=config.seed,
+                           group_by_length=config.group_by_length, targets=targets)
     with (contextlib.nullcontext() if student_dropout is None else dropout(student, student_dropout)):
         return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
                    out_dir=out_dir, on_epoch_end=epoch_reporter(log, config.epochs, loss_digits=5))

@@ -48,6 +48,40 @@ class FitConfig:
             raise InputError("bf16 and fp16 exclude each other")
 
 
+POOLINGS = ("mean", "cls", "max")
+
+
+@dataclass(kw_only=True)
+class EmbeddingDistillConfig(FitConfig):
+    """How ``distill.distill_embeddings`` trains a student to give its teacher's sentence vectors: the loop's
+    settings, the loss (the vectors compared, and the weights of the optional terms) and the batches."""
+
+    lr: float = setting(5e-4, "peak learning rate (warmup, then linear decay to 0)", low=0.0, strict=True)
+    pooling: str = setting("mean", "embedding mode: sentence vector", choices=POOLINGS, flag="--pool")
+    normalize: bool = setting(False, "embedding mode: match unit vectors")
+    similarity_weight: float = setting(0.0, "embedding mode: weight of the MSE between in-batch cosine similarities",
+                                       low=0.0)
+    hidden_weight: float = setting(0.0, "weight of the hidden-state MSE", low=0.0)
+    attention_weight: float = setting(0.0, "weight of the attention KL", low=0.0)
+    batch_size: int = setting(32, "texts per batch", low=1)
+    max_length: int | None = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included", low=3)
+    group_by_length: bool = setting(False, "embedding mode: batches of texts of similar length (less padding, "
+                                    "faster epochs)")
+    cache_teacher: bool = setting(False, "embedding mode: compute the teacher's vectors once, before the first "
+                                  "epoch (faster epochs; not with --hidden-weight / --attention-weight)")
+    student_dropout: float | None = setting(0.0, "the student's dropout while it trains (0: off -- a regression "
+                                            "onto a deterministic teacher fits better without that noise); the "
+                                            "saved student keeps its own; None: its own throughout",
+                                            low=0.0, below=1.0)
+    k: int = setting(10, "the k of the top-k overlap the agreement reports", low=1, high=1000, cli=False)
+
+    def check(self) -> None:
+        super().check()
+        if self.cache_teacher and (self.hidden_weight or self.attention_weight):
+            raise InputError("cache_teacher keeps only the teacher's pooled vectors: hidden_weight and "
+                             "attention_weight need its states on every batch (leave cache_teacher off)")
+
+
 SCHEDULES = ("linear", "cosine")
 
 
