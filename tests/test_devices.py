@@ -101,20 +101,26 @@ def test_the_overlapped_pipeline_gives_the_same_vectors_in_the_same_order(minilm
     texts = (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n")[:150]
     texts = [t for t in texts if t.strip()] + ["", "x " * 400]  # an empty text, one past the limit
     plain = encode_texts(model, tok, texts, pooling="mean", normalize=True)
-    old = encode_module.SLAB
-    encode_module.SLAB = 16  # many slabs, so batches come from the thread while others run
-    try:
-        streamed = encode_texts(model, tok, texts, pooling="mean", normalize=True, overlap=True, max_tokens=600)
-        several = encode_texts(model, tok, texts, layer=[0, -1], overlap=True, batch_size=7)
-    finally:
-        encode_module.SLAB = old
-    assert streamed.shape == plain.shape and (streamed - plain).abs().max() <= 1e-5
-    assert (several - encode_texts(model, tok, texts, layer=[0, -1], batch_size=7)).abs().max() <= 1e-5
+    several_plain = encode_texts(model, tok, texts, layer=[0, -1], batch_size=7)
 
-    def broken(chunk):
-        raise RuntimeError("tokeniser broke")
-    with pytest.raises(RuntimeError, match="tokeniser broke"):
-        encode_texts(model, tok, texts, overlap=True, tokenize=broken)
+    class Broken:
+        pad_token_id = tok.pad_token_id
+
+        def __call__(self, chunk, **options):
+            raise RuntimeError("tokeniser broke")
+
+    old = encode_module.SLAB, encode_module.OVERLAP_DEVICES
+    encode_module.SLAB = 16  # many slabs, so batches come from the thread while others run
+    encode_module.OVERLAP_DEVICES = ("cpu", "cuda")
+    try:
+        streamed = encode_texts(model, tok, texts, pooling="mean", normalize=True, max_tokens=600)
+        several = encode_texts(model, tok, texts, layer=[0, -1], batch_size=7)
+        with pytest.raises(RuntimeError, match="tokeniser broke"):
+            encode_texts(model, Broken(), texts)
+    finally:
+        encode_module.SLAB, encode_module.OVERLAP_DEVICES = old
+    assert streamed.shape == plain.shape and (streamed - plain).abs().max() <= 1e-5
+    assert (several - several_plain).abs().max() <= 1e-5
 
 
 def test_prefetch_keeps_order_raises_and_stops():

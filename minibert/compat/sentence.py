@@ -91,6 +91,16 @@ def read_pooling_config(path: Path) -> list[str]:
     return modes
 
 
+class _LowerCasing:
+    """A tokenizer that lower-cases the texts first (a sentence-transformers folder's ``do_lower_case``)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.pad_token_id = tokenizer, tokenizer.pad_token_id
+
+    def __call__(self, texts, **options):
+        return self.tokenizer([t.lower() for t in texts], **options)
+
+
 class SentenceEncoder:
     """A BERT checkpoint with a sentence-transformers folder's pooling, normalisation and truncation."""
 
@@ -202,10 +212,12 @@ class SentenceEncoder:
     def tokenize(self, texts: Sequence[str]):
         """Token ids of each text (``["input_ids"]``, lists), truncated to ``max_seq_length``, lowercased first
         with ``do_lower_case``; ``.num_truncated_tokens`` says how many tokens each text lost."""
-        if self.do_lower_case:
-            texts = [t.lower() for t in texts]
-        return self.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length,
-                              return_token_type_ids=False, return_attention_mask=False)
+        return self._tokenizer()(list(texts), truncation=True, max_length=self.max_seq_length,
+                                 return_token_type_ids=False, return_attention_mask=False)
+
+    def _tokenizer(self):
+        """The tokenizer as this folder applies it: lower-casing first with ``do_lower_case``."""
+        return _LowerCasing(self.tokenizer) if self.do_lower_case else self.tokenizer
 
     def encode(self, sentences, batch_size: int = 32, *, max_tokens: int | None = None,
                show_progress_bar: bool | None = None, convert_to_numpy: bool = True,
@@ -222,10 +234,9 @@ class SentenceEncoder:
         if device is not None and torch.device(device) != self.model.device:
             raise InputError(f"device={device!r}: the model is on {self.model.device}; move it with encoder.model.to(...)")
         # on a GPU the texts are tokenised in a background thread while it runs (tools.encode.encode_texts)
-        out = encode_texts(self.model, self.tokenizer, texts, pooling=self.pooling,
+        out = encode_texts(self.model, self._tokenizer(), texts, pooling=self.pooling,
                            normalize=self.normalize or normalize_embeddings, batch_size=batch_size,
-                           max_tokens=max_tokens, progress=bool(show_progress_bar),
-                           tokenize=lambda chunk: self.tokenize(chunk)["input_ids"] if chunk else [])
+                           max_tokens=max_tokens, max_length=self.max_seq_length, progress=bool(show_progress_bar))
         if convert_to_tensor:
             return out[0] if single else out
         if convert_to_numpy:

@@ -38,6 +38,9 @@ from .progress import progress_bar
 GPU_MAX_TOKENS = 16384
 #: texts tokenised at a time by the overlapping worker (then batched by their true lengths)
 SLAB = 2048
+#: the device types on which ``encode_texts`` tokenises in a background thread while the model runs (on a
+#: CPU the thread would take a core from the model)
+OVERLAP_DEVICES = ("cuda",)
 
 
 def on_device(encoder, device):
@@ -160,27 +163,26 @@ def streamed_batches(tokenize: Callable[[list[str]], list], texts: Sequence[str]
 def encode_texts(model, tokenizer, texts: Sequence[str], *, pooling: str | Sequence[str] = "mean",
                  normalize: bool = False, batch_size: int | None = None, max_tokens: int | None = None,
                  max_length: int | None = None, progress: bool = False, layer: int | Sequence[int] = -1,
-                 combine: str = "concat", device=None, overlap: bool | None = None,
-                 tokenize: Callable[[list[str]], list] | None = None) -> torch.Tensor:
+                 combine: str = "concat", device=None) -> torch.Tensor:
     """Vectors (len(texts), D) float32 of ``texts``, in their order: tokenised with truncation to
     ``max_length`` (default: the tokenizer's limit), then pooled as ``encode_ids`` does. ``device``: where
-    to run (see ``encode_ids``). ``overlap``: tokenise in a background thread while the model runs
-    (default: on a GPU); ``tokenize``: texts -> ids, when the tokenizer call needs more than truncation
-    (``SentenceEncoder``: lower-casing)."""
+    to run (see ``encode_ids``). ``tokenizer``: a ``BertTokenizer``, or any callable that takes a list of
+    texts with the tokenizer's keywords and has its ``pad_token_id`` (``SentenceEncoder`` lower-cases
+    first). On a device in ``OVERLAP_DEVICES`` (a GPU) the texts are tokenised in a background thread
+    while the model runs."""
     if isinstance(texts, str):
         raise InputError("texts must be a list of strings; wrap a single text in a list")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise InputError(f"texts[{i}] is a {type(t).__name__}, not a string")
-    if tokenize is None:
-        def tokenize(chunk):
-            return tokenizer(chunk, truncation=True, max_length=max_length, return_token_type_ids=False,
-                             return_attention_mask=False)["input_ids"] if chunk else []
+
+    def tokenize(chunk):
+        return tokenizer(chunk, truncation=True, max_length=max_length, return_token_type_ids=False,
+                         return_attention_mask=False)["input_ids"] if chunk else []
+
     encoder = on_device(encoder_of(model), device)
-    if overlap is None:
-        overlap = encoder.device.type == "cuda"
-    if not overlap:
+    if encoder.device.type not in OVERLAP_DEVICES:
         return encode_ids(encoder, tokenize(texts), tokenizer.pad_token_id, pooling=pooling, normalize=normalize,
                           batch_size=batch_size, max_tokens=max_tokens, progress=progress, layer=layer,
                           combine=combine)
