@@ -90,7 +90,7 @@ def part_batching(args, texts, results):
 def part_ray(args, texts, results):
     import ray
 
-    from minibert.compat.ray import embed_dataset
+    from minibert.compat.ray import RayEmbed, embed_dataset
 
     work = Path(tempfile.mkdtemp(prefix="bench_encode_"))
     try:
@@ -104,8 +104,8 @@ def part_ray(args, texts, results):
         rows = [{"name": "one process (SentenceEncoder.encode, 2 threads)", "seconds": single,
                  "texts_per_second": len(texts) / single}]
         for workers, threads in ((1, 2), (2, 1)):
-            report = embed_dataset([str(shards)], work / f"out-{workers}", model=str(MODEL), workers=workers,
-                                   threads=threads, max_tokens=8192)
+            report = embed_dataset([str(shards)], work / f"out-{workers}",
+                                   RayEmbed(model=str(MODEL), workers=workers, threads=threads, max_tokens=8192))
             assert report.rows_out == len(texts) and not report.failed, report
             rows.append({"name": f"Ray Data, {workers} worker(s) x {threads} thread(s)", "seconds": report.seconds,
                          "texts_per_second": report.texts_per_second})

@@ -286,10 +286,10 @@ def test_output_folders_follow_one_rule_checked_before_any_work(tmp_path, capsys
         line = cli_error(capsys, *argv, "--out", a_file)
         assert f"--out '{a_file}' is a file; give a folder" in line, (argv, line)
     assert not nope.parent.exists()
-    from minibert.compat.ray import embed_dataset
+    from minibert.compat.ray import RayEmbed, embed_dataset
 
     with pytest.raises(InputError, match="its parent folder .* does not exist"):
-        embed_dataset([str(texts)], str(nope), model=str(model))
+        embed_dataset([str(texts)], str(nope), RayEmbed(model=str(model)))
     assert not nope.parent.exists()
 
 

@@ -4,6 +4,7 @@ encoder, every id once, failures reported by id. Skipped where Ray is not instal
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ pytest.importorskip("ray.data")
 from conftest import cli_in_process  # noqa: E402
 from minibert import InputError  # noqa: E402
 from minibert.compat import SentenceEncoder  # noqa: E402
-from minibert.compat.ray import embed_dataset, expand_inputs, read_vectors, shard_rows  # noqa: E402
+from minibert.compat.ray import RayEmbed, embed_dataset, expand_inputs, read_vectors, shard_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,9 @@ def test_shard_reading_and_inputs(tmp_path):
 
 def test_ray_vectors_equal_the_single_process_encoder(local_ray, shards, minilm_dir, tmp_path):
     directory, texts = shards
-    report = embed_dataset([str(directory)], tmp_path / "out", model=str(minilm_dir), workers=2, rows_per_block=16,
-                           max_tokens=2048, _fail_on=["b.txt:3"])
+    report = embed_dataset([str(directory)], tmp_path / "out",
+                           RayEmbed(model=str(minilm_dir), workers=2, rows_per_block=16, max_tokens=2048),
+                           _fail_on=["b.txt:3"])
     assert report.rows_in == len(texts) and report.blank == ["a.txt:31"]
     assert [rid for rid, _ in report.failed] == ["b.txt:3"] and "injected failure" in report.failed[0][1]
     ids, vectors = read_vectors(tmp_path / "out")
@@ -69,7 +71,7 @@ def test_ray_vectors_equal_the_single_process_encoder(local_ray, shards, minilm_
     assert vectors.shape == want.shape and np.abs(vectors - want).max() <= 1e-6
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
     with pytest.raises(InputError, match=r"holds a `minibert embed` run \(finished\).*--overwrite"):
-        embed_dataset([str(directory)], tmp_path / "out", model=str(minilm_dir))  # two runs' shards never mix
+        embed_dataset([str(directory)], tmp_path / "out", RayEmbed(model=str(minilm_dir)))  # two runs' never mix
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()} == before
 
 
@@ -92,8 +94,8 @@ def test_parquet_shards_with_their_own_ids(local_ray, minilm_dir, tmp_path):
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"doc": ["d1", "d2", "d3", "d4"], "body": texts, "other": [1, 2, 3, 4]}),
                    tmp_path / "in" / "part-0.parquet")
-    report = embed_dataset([str(tmp_path / "in" / "part-0.parquet")], tmp_path / "out", model=str(minilm_dir),
-                           workers=1, text_field="body", id_field="doc")
+    report = embed_dataset([str(tmp_path / "in" / "part-0.parquet")], tmp_path / "out",
+                           RayEmbed(model=str(minilm_dir), workers=1, text_field="body", id_field="doc"))
     assert report.rows_in == 4 and report.blank == ["d3"] and not report.failed
     ids, vectors = read_vectors(tmp_path / "out")
     order = sorted(range(len(ids)), key=lambda i: ids[i])
@@ -126,17 +128,20 @@ def test_gpu_workers_ask_ray_for_gpus_and_load_on_cuda():
     from minibert.compat.ray import map_batches_options
 
     common = dict(model="m", workers=2, threads=None, rows_per_block=64, batch_size=None, max_tokens=8192)
-    gpu = map_batches_options(**common, gpus_per_worker=0.5, dtype="fp16")
+    gpu = map_batches_options(RayEmbed(**common, gpus_per_worker=0.5, dtype="fp16"))
     assert gpu["num_gpus"] == 0.5 and gpu["num_cpus"] == 1
     assert gpu["fn_constructor_kwargs"] == dict(model="m", threads=None, batch_size=None, max_tokens=8192,
                                                      fail_on=[], device="cuda", dtype="fp16")
-    cpu = map_batches_options(**{**common, "threads": 2})
+    cpu = map_batches_options(RayEmbed(**{**common, "threads": 2}))
     assert "num_gpus" not in cpu and cpu["num_cpus"] == 2 and cpu["fn_constructor_kwargs"]["device"] is None
-    for bad in (0, -1, "1", True):
-        with pytest.raises(InputError, match="gpus_per_worker must be a number > 0"):
-            embed_dataset(["x.txt"], "out", model="m", gpus_per_worker=bad)
+    for bad, said in ((0, "=0.0 is out of range: it must be > 0"), (-1, "=-1.0 is out of range: it must be > 0"),
+                      ("1", "='1' must be a number"), (True, "=True must be a number")):
+        with pytest.raises(InputError, match="^" + re.escape(f"gpus_per_worker (--gpus-per-worker){said}") + "$"):
+            embed_dataset(["x.txt"], "out", RayEmbed(model="m", gpus_per_worker=bad))
     with pytest.raises(InputError, match="int8 dynamic quantisation runs on the CPU only"):
-        embed_dataset(["x.txt"], "out", model="m", gpus_per_worker=1, dtype="int8")
+        embed_dataset(["x.txt"], "out", RayEmbed(model="m", gpus_per_worker=1, dtype="int8"))
+    with pytest.raises(InputError, match=r"^workers \(--workers\)=0 is out of range: it must be >= 1$"):
+        embed_dataset(["x.txt"], "out", RayEmbed(model="m", workers=0))
 
 
 def test_a_cluster_without_gpus_is_refused_before_any_work(local_ray, shards, minilm_dir, tmp_path, capsys):

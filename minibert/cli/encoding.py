@@ -187,7 +187,7 @@ def cmd_embed(args) -> int:
 
 
 def _embed_on_ray(args) -> int:
-    from ..compat.ray import embed_dataset
+    from ..compat.ray import RayEmbed, embed_dataset
 
     for name in ("layers", "pool", "combine", "max_length"):
         if getattr(args, name) is not None:
@@ -199,9 +199,10 @@ def _embed_on_ray(args) -> int:
         raise InputError("--device is for the local engine; Ray actors run where Ray puts them: --gpus-per-worker G "
                          "gives each actor G GPUs")
     workers = args.workers or 2
-    report = embed_dataset(args.texts, args.out, model=args.model, workers=workers, threads=args.threads,
-                           batch_size=args.batch_size, max_tokens=args.max_tokens or 8192, address=args.address,
-                           overwrite=args.overwrite, gpus_per_worker=args.gpus_per_worker, dtype=args.dtype)
+    settings = RayEmbed(model=args.model, workers=workers, threads=args.threads, batch_size=args.batch_size,
+                        max_tokens=args.max_tokens or 8192, address=args.address,
+                        gpus_per_worker=args.gpus_per_worker, dtype=args.dtype)
+    report = embed_dataset(args.texts, args.out, settings, overwrite=args.overwrite)
     print(f"wrote {report.out_dir}: {report.rows_out} vectors of {report.rows_in} texts in {report.seconds:.1f} s "
           f"({report.texts_per_second:.1f} texts/s, {workers} worker(s)"
           f"{f', {args.gpus_per_worker:g} GPU(s) each' if args.gpus_per_worker else ''})")

@@ -1,8 +1,8 @@
 """Embedding more text than one machine holds, on Ray Data (optional extra: ``pip install -e ".[ray]"``).
 
-    from minibert.compat.ray import embed_dataset
-    report = embed_dataset(["shards/part-000.txt", "shards/*.jsonl"], "vectors/", model="weights/all-MiniLM-L6-v2",
-                           workers=4, max_tokens=8192)
+    from minibert.compat.ray import RayEmbed, embed_dataset
+    report = embed_dataset(["shards/part-000.txt", "shards/*.jsonl"], "vectors/",
+                           RayEmbed(model="weights/all-MiniLM-L6-v2", workers=4, max_tokens=8192))
     # vectors/*.parquet: one row per text, columns id (string) and vector (fixed-size list of float32)
 
     minibert embed --engine ray "shards/*.txt" --out vectors/ --model weights/all-MiniLM-L6-v2 --workers 4
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import InputError, missing_extra
+from ..settings import check, setting
 
 TEXT_SUFFIXES = (".txt", ".text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -199,53 +200,65 @@ class EmbedReport:
         return self.rows_out / self.seconds if self.seconds else 0.0
 
 
-def embed_dataset(inputs, out_dir, *, model: str, workers: int = 2, threads: int | None = None,
-                  rows_per_block: int = 1024, batch_size: int | None = None, max_tokens: int | None = 8192,
-                  text_field: str = "text", id_field: str = "id", address: str | None = None,
-                  overwrite: bool = False, gpus_per_worker: float | None = None, dtype: str | None = None,
+@dataclass(kw_only=True)
+class RayEmbed:
+    """How ``embed_dataset`` embeds on Ray: the model, the actors and their batches, where the texts are."""
+
+    model: str = setting(help="the model folder (or hub id) every actor loads (SentenceEncoder)", required=True)
+    workers: int = setting(2, "actors (each loads the model once)", low=1)
+    threads: int | None = setting(None, "torch threads of each actor (the CPUs it asks Ray for)", low=1)
+    rows_per_block: int = setting(1024, "rows an actor embeds at a time", low=1)
+    batch_size: int | None = setting(None, "texts a batch", low=1)
+    max_tokens: int | None = setting(8192, "padded tokens a batch (length-sorted batches)", low=1)
+    text_field: str = setting("text", "the text's field (JSON Lines) or column (Parquet)")
+    id_field: str = setting("id", "the id's field (JSON Lines) or column (Parquet)")
+    address: str | None = setting(None, "a running Ray cluster (\"auto\", \"ray://host:10001\"); None starts or "
+                                  "joins a local Ray")
+    gpus_per_worker: float | None = setting(None, "GPUs each actor asks Ray for (e.g. 1, or 0.5 for two actors a "
+                                            "GPU); None: CPU actors", low=0.0, strict=True)
+    dtype: str | None = setting(None, "the actors' model dtype", choices=("fp32", "bf16", "fp16", "int8"))
+
+    def check(self) -> None:
+        check(self)
+        if self.gpus_per_worker is not None and self.dtype == "int8":
+            raise InputError("gpus_per_worker with dtype='int8': int8 dynamic quantisation runs on the CPU only; on "
+                             "GPUs use fp16 or bf16")
+
+
+def embed_dataset(inputs, out_dir, settings: RayEmbed, *, overwrite: bool = False,
                   _fail_on: Sequence[str] = ()) -> EmbedReport:
     """Embed every text of ``inputs`` (shards: .txt, .jsonl, .parquet; paths, directories or globs) with
-    ``workers`` actors and write Parquet (id, vector) into ``out_dir``: a local folder follows the
+    ``settings.workers`` actors and write Parquet (id, vector) into ``out_dir``: a local folder follows the
     output-folder rule (``outputs.RunFolder``: empty or new, not the model's folder, one writer; ``overwrite``
-    replaces what it holds), so the Parquet files of two runs never mix. ``address``: a running Ray
-    cluster ("auto", "ray://host:10001"); None starts or joins a local Ray. ``gpus_per_worker``: GPUs each
-    actor asks Ray for (None: CPU actors); ``dtype``: the actors' model dtype (fp32, bf16, fp16, int8 on CPUs)."""
+    replaces what it holds), so the Parquet files of two runs never mix. ``settings``: a ``RayEmbed``
+    (checked before any work)."""
     import contextlib
 
     from ..outputs import RunFolder
 
-    for name, value, low in (("workers", workers, 1), ("rows_per_block", rows_per_block, 1)):
-        if not isinstance(value, int) or value < low:
-            raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
-    if gpus_per_worker is not None and (isinstance(gpus_per_worker, bool) or not isinstance(gpus_per_worker, (int, float))
-                                        or not gpus_per_worker > 0):
-        raise InputError(f"gpus_per_worker must be a number > 0 (e.g. 1, or 0.5 for two actors a GPU), got {gpus_per_worker!r}")
-    if gpus_per_worker is not None and str(dtype) == "int8":
-        raise InputError("gpus_per_worker with dtype='int8': int8 dynamic quantisation runs on the CPU only; on GPUs "
-                         "use fp16 or bf16")
+    settings.check()
     files = expand_inputs(inputs)
     folder = None
     if "://" not in str(out_dir):  # before any work: the rule of every output folder
-        folder = RunFolder(out_dir, command="embed", what="out_dir (--out)", reads={"--model": model},
+        folder = RunFolder(out_dir, command="embed", what="out_dir (--out)", reads={"--model": settings.model},
                            overwrite=overwrite, resumable=False)
-    with folder.claim({"inputs": [str(f) for f in files], "model": str(model)}) if folder else contextlib.nullcontext():
-        return _embed(files, out_dir, model=model, workers=workers, threads=threads, rows_per_block=rows_per_block,
-                      batch_size=batch_size, max_tokens=max_tokens, text_field=text_field, id_field=id_field,
-                      address=address, fail_on=_fail_on, gpus_per_worker=gpus_per_worker, dtype=dtype)
+    claimed = {"inputs": [str(f) for f in files], "model": str(settings.model)}
+    with folder.claim(claimed) if folder else contextlib.nullcontext():
+        return _embed(files, out_dir, settings, fail_on=_fail_on)
 
 
-def map_batches_options(*, model: str, workers: int, threads: int | None, rows_per_block: int,
-                        batch_size: int | None, max_tokens: int | None, gpus_per_worker: float | None = None,
-                        dtype: str | None = None, fail_on: Sequence[str] = ()) -> dict:
+def map_batches_options(settings: RayEmbed, fail_on: Sequence[str] = ()) -> dict:
     """The keyword arguments ``Dataset.map_batches`` gets (besides the class and the actor pool): one place,
     so what reaches Ray is tested without Ray. GPU actors (``gpus_per_worker``) ask for ``num_gpus`` and load
     their model on "cuda" (the GPU Ray gave them); CPU actors ask for ``threads`` CPUs."""
-    options = dict(fn_constructor_kwargs=dict(model=model, threads=threads, batch_size=batch_size,
-                                              max_tokens=max_tokens, fail_on=list(fail_on),
-                                              device="cuda" if gpus_per_worker else None, dtype=dtype),
-                   batch_size=rows_per_block, batch_format="pandas", num_cpus=threads or 1)
-    if gpus_per_worker:
-        options["num_gpus"] = gpus_per_worker
+    gpus = settings.gpus_per_worker
+    options = dict(fn_constructor_kwargs=dict(model=settings.model, threads=settings.threads,
+                                              batch_size=settings.batch_size, max_tokens=settings.max_tokens,
+                                              fail_on=list(fail_on), device="cuda" if gpus else None,
+                                              dtype=settings.dtype),
+                   batch_size=settings.rows_per_block, batch_format="pandas", num_cpus=settings.threads or 1)
+    if gpus:
+        options["num_gpus"] = gpus
     return options
 
 
@@ -260,18 +273,20 @@ def _check_gpus(ray, gpus_per_worker) -> None:
                          "(CPU actors)")
 
 
-def _embed(files, out_dir, *, model, workers, threads, rows_per_block, batch_size, max_tokens, text_field, id_field,
-           address, fail_on, gpus_per_worker=None, dtype=None) -> EmbedReport:
+def _embed(files, out_dir, settings: RayEmbed, fail_on: Sequence[str]) -> EmbedReport:
+    import dataclasses
     import time
 
-    model_path = Path(model).expanduser()
-    model = str(model_path.resolve()) if model_path.exists() else model  # actors may start elsewhere
+    model_path = Path(settings.model).expanduser()
+    if model_path.exists():  # actors may start elsewhere
+        settings = dataclasses.replace(settings, model=str(model_path.resolve()))
+    text_field, id_field = settings.text_field, settings.id_field
     ray = _ray()
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the report says what happened
     if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
-    _check_gpus(ray, gpus_per_worker)
+        ray.init(address=settings.address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+    _check_gpus(ray, settings.gpus_per_worker)
     start = time.perf_counter()
     if _kind(files[0]) == "parquet":
         ds = ray.data.read_parquet(files, columns=[id_field, text_field])
@@ -284,10 +299,8 @@ def _embed(files, out_dir, *, model, workers, threads, rows_per_block, batch_siz
     ds = ds.materialize()  # read once, before the actors take the CPUs (nothing upstream of them is left to run)
     rows_in = ds.count()
     vectors = ds.map_batches(
-        _Embedder, compute=ray.data.ActorPoolStrategy(size=workers),
-        **map_batches_options(model=model, workers=workers, threads=threads, rows_per_block=rows_per_block,
-                              batch_size=batch_size, max_tokens=max_tokens, gpus_per_worker=gpus_per_worker,
-                              dtype=dtype, fail_on=fail_on)).materialize()  # Ray Data restarts a dead actor and retries
+        _Embedder, compute=ray.data.ActorPoolStrategy(size=settings.workers),
+        **map_batches_options(settings, fail_on)).materialize()  # Ray Data restarts a dead actor and retries
     from ray.data.expressions import col
 
     status = vectors.select_columns(["id", "status"]).filter(expr=col("status") != "").take_all()
