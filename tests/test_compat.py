@@ -55,6 +55,10 @@ def test_calls_and_outputs_as_transformers(models):
         b = theirs(inputs_embeds=embeds, attention_mask=batch["attention_mask"])
         assert torch.allclose(a.last_hidden_state, b.last_hidden_state, atol=1e-5)
         assert not has_hooks(ours)  # the inputs_embeds hook is gone after the call
+        # transformers' decoder arguments, as its own callers pass them to an encoder: None / False are taken
+        quiet = ours(**batch, encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None,
+                     use_cache=False)
+        assert torch.equal(quiet.last_hidden_state, ours(**batch).last_hidden_state)
     assert ours.get_input_embeddings() is ours.embeddings.word and ours.get_output_embeddings() is None
     for bad, message in ((dict(input_ids=batch["input_ids"], inputs_embeds=embeds), "exactly one of"),
                          (dict(input_ids=batch["input_ids"], encoder_hidden_states=embeds), "encoder only"),

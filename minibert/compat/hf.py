@@ -201,6 +201,10 @@ def _name_as_transformers(model) -> None:
         block.__class__ = TransformersLayer
 
 
+#: transformers' BertModel.forward arguments for a decoder, which an encoder takes only as None / False
+DECODER_ARGUMENTS = ("encoder_hidden_states", "encoder_attention_mask", "past_key_values", "use_cache")
+
+
 class TransformersBertModel(BertModel):
     """minibert's BertModel answering transformers' BertModel calls (see the module docstring): the public
     model (its tool methods, ``minibert.tools`` on it) with transformers' names and outputs on top."""
@@ -255,21 +259,25 @@ class TransformersBertModel(BertModel):
 
     # ---------------------------------------------------------------------------------- forward
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, head_mask=None,
-                inputs_embeds=None, encoder_hidden_states=None, encoder_attention_mask=None, past_key_values=None,
-                use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+                inputs_embeds=None, *, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **decoder_only):
         """transformers' BertModel.forward. Returns a ``ModelOutput`` (or, with ``return_dict=False``, its
         tuple). ``hidden_states`` is None unless ``output_hidden_states`` (argument, or the attribute /
         config field of that name) asks for it. ``head_mask`` (num_heads,) or (num_layers, num_heads)
-        multiplies each head's attention probabilities (transformers 4's definition; 5 dropped it)."""
+        multiplies each head's attention probabilities (transformers 4's definition; 5 dropped it).
+        transformers' decoder arguments (``encoder_hidden_states``, ``encoder_attention_mask``,
+        ``past_key_values``, ``use_cache``) are taken by name and must be None or False: BERT here is an
+        encoder only."""
         for name in ("fast", "num_blocks", "skip_blocks"):
-            if name in kwargs:
+            if name in decoder_only:
                 raise InputError(f"{name}= is minibert's own forward argument; call minibert.BertModel for it")
-        if kwargs:
-            raise InputError(f"unsupported argument(s) {', '.join(sorted(kwargs))} for transformers' BertModel.forward")
-        if encoder_hidden_states is not None or encoder_attention_mask is not None or past_key_values is not None:
+        unknown = sorted(set(decoder_only) - set(DECODER_ARGUMENTS))
+        if unknown:
+            raise InputError(f"unsupported argument(s) {', '.join(unknown)} for transformers' BertModel.forward")
+        if any(decoder_only.get(name) is not None for name in DECODER_ARGUMENTS[:3]):
             raise InputError("encoder_hidden_states / encoder_attention_mask / past_key_values: BERT here is an "
                              "encoder only (no cross-attention, no cache); pass None")
-        if use_cache:
+        if decoder_only.get("use_cache"):
             raise InputError("use_cache=True: an encoder has no key/value cache")
         if (input_ids is None) == (inputs_embeds is None):
             raise InputError("pass exactly one of input_ids and inputs_embeds")
