@@ -225,3 +225,22 @@ def test_one_training_loop():
             if name in ("backward", "step", "zero_grad", "optimizer_step"):
                 found.append(f"{module_name(path)}:{node.lineno} {name}()")
     assert not found, "a second training loop: " + ", ".join(found)
+
+
+def test_functions_stay_short_and_narrow():
+    """No function of the package is over 80 lines or takes over 12 parameters (self not counted; a run's
+    settings dataclass is one): a longer one is cut into named steps, a wider one takes a settings value."""
+    long, wide = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs] + [x.arg for x in (a.vararg, a.kwarg) if x]
+            params = len(names) - (names[:1] in (["self"], ["cls"]))
+            where = f"{module_name(path)}.{node.name} (line {node.lineno})"
+            if node.end_lineno - node.lineno + 1 > 80:
+                long.append(f"{where}: {node.end_lineno - node.lineno + 1} lines")
+            if params > 12:
+                wide.append(f"{where}: {params} parameters")
+    assert not long and not wide, "; ".join(long + wide)
