@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "data"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_pretrain import corpus_files_for_runs  # noqa: E402
+from minibert.logs import lines_to  # noqa: E402
 from minibert.hardware import cpu_description, native_half  # noqa: E402
 from minibert.runs.depth_study import (ARMS, QUICK, DepthStudyConfig, best_probe, cut_vs_grown,  # noqa: E402
                                            plot_study, run_study, summary_rows)
@@ -79,9 +80,9 @@ def run(args) -> dict:
         corpus = corpus_files_for_runs()
         held = fetch_data.fetch_sentences() / "held.txt"
         results = run_study(corpus, out, vocab=MINILM, eval_texts=held, config=config, conllu=POS,
-                            task_train=trec / "train.csv", task_eval=trec / "test.csv", log=print)
+                            task_train=trec / "train.csv", task_eval=trec / "test.csv")
         results["cut_vs_grown"] = cut_vs_grown(out, corpus, vocab=MINILM, eval_texts=held, conllu=POS,
-                                               task_train=trec / "train.csv", task_eval=trec / "test.csv", log=print)
+                                               task_train=trec / "train.csv", task_eval=trec / "test.csv")
     # the quick scale is a smoke run: its figures stay beside its runs
     figures = plot_study(results, out if args.scale == "quick" else ROOT / "docs" / "img", name=args.name)
     return {"name": args.name, "scale": args.scale, "config": results["config"], "rows": summary_rows(results),
@@ -165,4 +166,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with lines_to(sys.stdout):  # the runs' lines, as they go
+        main()

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "data"))
 
 from fetch_data import fetch_corpus, fetch_more, fetch_sentences, fetch_trec  # noqa: E402
 
+from minibert.logs import lines_to  # noqa: E402
 from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.loading import copy_tokenizer  # noqa: E402
@@ -143,7 +144,7 @@ def part_embeddings(args, results):
                                        config=EmbeddingDistillConfig(epochs=epochs, lr=options.pop("lr"), bf16=bf16,
                                                                      progress=False, batch_size=32, max_length=128,
                                                                      **options),
-                                       layer_map=layer_map, log=print)
+                                       layer_map=layer_map)
         history = json.loads((directory / "metrics.json").read_text())
         best = history["epochs"][history["best_epoch"] - 1]
         out["runs"].append({"name": name, "blocks": blocks, "train_texts": len(run_texts), "cpu": cpu_info()[0],
@@ -203,7 +204,7 @@ def part_probes(args, results):
             distill.distill_embeddings(teacher, student, tokenizer, texts, eval_texts=held, out_dir=directory,
                                        config=EmbeddingDistillConfig(epochs=1, lr=options.pop("lr"), progress=False,
                                                                      max_length=128, **options),
-                                       layer_map=layer_map, log=print)
+                                       layer_map=layer_map)
         epoch = json.loads((directory / "metrics.json").read_text())["epochs"][0]
         rows.append({"name": name, **epoch["eval"], "seconds": epoch["seconds"]})
     results["probes"] = {"train_texts": len(texts), "held_texts": len(held), "rows": rows}
@@ -323,7 +324,7 @@ def part_exits(args, results):
         if not (directory / "exits.json").exists():
             exits.train_exits(ExitsRun(model=teacher, train=args.train, eval=trec / "test.csv", out=directory,
                                        joint=joint, epochs=2, lr=1e-3, progress=False, batch_size=BATCH,
-                                       max_length=MAX_LENGTH, overwrite=True), log=print)
+                                       max_length=MAX_LENGTH, overwrite=True))
         best = depth.EarlyExit.from_pretrained(directory)
         test = read_table(trec / "test.csv")
         tokenizer = BertTokenizer.from_pretrained(teacher)
@@ -492,4 +493,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with lines_to(sys.stdout):  # the runs' lines, as they go
+        main()

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "data"))
 
 from fetch_data import fetch_trec, fetch_wnut16  # noqa: E402
 
+from minibert.logs import lines_to  # noqa: E402
 from minibert import BertForSequenceClassification, BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_info  # noqa: E402
 from minibert.runs import finetune as tasks  # noqa: E402
@@ -74,7 +75,8 @@ def one_run(dataset: str, recipe: str, train: Path, test: Path, epochs: int, wor
     run = FinetuneRun(train=train, eval=test, model=MODEL, out=out, task="tag" if dataset == "wnut16" else "classify",
                       recipe=recipe, epochs=epochs, lr=lr, progress=False, seed=0, bf16=args.bf16, batch_size=16,
                       max_length=64, overwrite=True, **lora)
-    history = tasks.finetune(run, log=lambda line: print(f"  {dataset} {recipe}: {line}", file=sys.stderr, flush=True))
+    with lines_to(sys.stderr, prefix=f"  {dataset} {recipe}: "):
+        history = tasks.finetune(run)
     metrics = json.loads((out / "metrics.json").read_text())
     trainable = _trainable(dataset, recipe, args)
     if recipe == "lora":

@@ -82,6 +82,7 @@ def dataset_files(args, workdir: Path) -> dict:
 # ----------------------------------------------------------------------------------------------- runs
 def one_run(dataset: str, method: str, seed: int, train: Path, test: Path, epochs: int, workdir: Path,
             lr: float | None = None) -> dict:
+    from minibert.logs import lines_to
     from minibert.runs.finetune import finetune
     from minibert.runs.settings import FinetuneRun
 
@@ -92,7 +93,8 @@ def one_run(dataset: str, method: str, seed: int, train: Path, test: Path, epoch
     run = FinetuneRun(train=train, eval=test, model=MODEL, out=out, task="tag" if dataset == "wnut16" else "classify",
                       epochs=epochs, lr=lr, seed=seed, progress=False, batch_size=16, max_length=64, **options,
                       overwrite=True)
-    history = finetune(run, log=lambda line: print(f"  {dataset} {method} {seed}: {line}", file=sys.stderr, flush=True))
+    with lines_to(sys.stderr, prefix=f"  {dataset} {method} {seed}: "):
+        history = finetune(run)
     metrics = json.loads((out / "metrics.json").read_text())
     steps = sum(1 for _ in open(train, encoding="utf-8")) if dataset == "trec" else None
     written = written_bytes(out)
@@ -104,7 +106,7 @@ def one_run(dataset: str, method: str, seed: int, train: Path, test: Path, epoch
             "peak_memory_growth_mib": peak_mib() - before, "written_bytes": written}
 
 
-MODEL_FILES = ("adapter.safetensors", "adapter_config.json", "model.safetensors", "config.json")
+MODEL_FILES = ("adapter.safetensors", "adapter.json", "model.safetensors", "config.json")
 
 
 def written_bytes(folder: Path) -> int:

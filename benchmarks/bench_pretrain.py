@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "data"))
 
+from minibert.logs import lines_to  # noqa: E402
 from minibert import BertTokenizer  # noqa: E402
 from minibert.hardware import cpu_description, cpu_info, native_half  # noqa: E402
 from minibert.outputs import read_record  # noqa: E402
@@ -282,7 +283,7 @@ def part_run(args, work, results):
                                           vocab=str(MINILM), max_length=128,
                                           eval_texts=fetch_data.fetch_sentences() / "held.txt", dropout=args.dropout,
                                           resume=read_record(out) is not None,  # a stopped run goes on
-                                          untied=args.untied), log=print)
+                                          untied=args.untied))
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     results["run"] = {"geometry": args.geometry, "steps": steps, "batch": f"{batch} x 128", "lr": args.lr,
                       "bf16": args.bf16, "dropout": args.dropout, "minutes": args.minutes,
@@ -374,7 +375,7 @@ def part_downstream(args, work, results):
         probe = probe_model(BertModel.from_pretrained(folder), tokenizer, pos, progress=False)
         history = finetune(FinetuneRun(train=trec / "train.csv", eval=trec / "test.csv", model=str(folder),
                                        out=work / f"trec-{name}", epochs=args.epochs, lr=1e-4, seed=0, progress=False,
-                                       batch_size=32, max_length=64, overwrite=True), log=None)
+                                       batch_size=32, max_length=64, overwrite=True))
         rows[name] = {"upos_accuracy": probe.accuracy, "upos_control": probe.control_accuracy,
                       "upos_selectivity": probe.selectivity, "trec_accuracy": history.best_metric,
                       "trec_epochs": [e["eval"]["accuracy"] for e in history.epochs]}
@@ -451,7 +452,7 @@ def finetune_trec(source, lr: float, seed: int, epochs: int, split, out: Path, d
     train, dev, test = split
     started = time.time()
     history = finetune(FinetuneRun(train=train, eval=dev, model=str(source), out=out, epochs=epochs, lr=lr, seed=seed,
-                                   progress=False, batch_size=32, max_length=64, device=device, overwrite=True), log=None)
+                                   progress=False, batch_size=32, max_length=64, device=device, overwrite=True))
     model = BertForSequenceClassification.from_pretrained(out, device=device)
     evaluate_test = read_task_data("classify", train, test).evaluator(BertTokenizer.from_pretrained(out), max_length=64)
     return {"dev": history.best_metric, "best_epoch": history.best_epoch,
@@ -613,7 +614,7 @@ def part_longer(args, work, results):
         run_pretraining(PretrainRun(**asdict(run_config(steps, batch, first["lr"], first["bf16"], seed=seed)),
                                     corpus=corpus_files_for_runs(), out=out, model=str(start), max_length=128,
                                     store=start / "store", eval_texts=fetch_data.fetch_sentences() / "held.txt",
-                                    dropout=first["dropout"], resume=read_record(out) is not None), log=print)
+                                    dropout=first["dropout"], resume=read_record(out) is not None))
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     tokenizer = BertTokenizer.from_pretrained(out)
     probe = probe_model(BertModel.from_pretrained(out), tokenizer, read_conllu(ROOT / "tests" / "data" / "pos_sample.conllu"),
@@ -845,7 +846,7 @@ def part_continued(args, work, results):
         summary = run_pretraining(PretrainRun(corpus=[tweets], out=out, model=str(MINILM), max_length=64, mix=mix,
                                               steps=args.continued_steps, batch_size=32, lr=1e-4,
                                               log_every=max(1, args.continued_steps // 20), progress=True,
-                                              overwrite=True), log=print)
+                                              overwrite=True))
         runs[name] = {"seconds": time.perf_counter() - started, "last_loss": summary.get("loss")}
         models[name] = out
     held = [s for s in (general / "held.txt").read_text(encoding="utf-8").split("\n") if s.strip()]
@@ -858,10 +859,10 @@ def part_continued(args, work, results):
         agreement = distill.embedding_agreement(original, vectors)
         ner = finetune(FinetuneRun(train=wnut / "train.txt", eval=wnut / "test.txt", model=str(folder),
                                    out=work / f"wnut-{len(rows)}", task="tag", epochs=3, lr=5e-5, seed=0, progress=False,
-                                   batch_size=16, max_length=64, overwrite=True), log=None)
+                                   batch_size=16, max_length=64, overwrite=True))
         questions = finetune(FinetuneRun(train=trec / "train.csv", eval=trec / "test.csv", model=str(folder),
                                          out=work / f"trec-{len(rows)}", epochs=args.epochs, lr=5e-5, seed=0,
-                                         progress=False, batch_size=16, max_length=64, overwrite=True), log=None)
+                                         progress=False, batch_size=16, max_length=64, overwrite=True))
         rows[name] = {"wnut16_entity_f1": ner.best_metric, "trec6_accuracy": questions.best_metric,
                       "agreement_spearman": agreement["spearman"], "agreement_top10": agreement["top_k_overlap"]}
         print(f"  {name}: {rows[name]}", flush=True)
@@ -1104,4 +1105,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with lines_to(sys.stdout):  # the runs' lines, as they go
+        main()

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench_pretrain import (RESULTS, finetune_trec, margin_sentence, plot_run, seeds_sentence,  # noqa: E402
                             sweep_choice, sweep_table, throughput_rows)
 
+from minibert.logs import lines_to  # noqa: E402
 from minibert import BertTokenizer  # noqa: E402
 
 LRS, SEEDS, EPOCHS = (1e-4, 3e-4, 1e-3), (0, 1, 2, 3), 4  # fixed before anything was measured
@@ -74,7 +75,7 @@ def step_prepare(args) -> None:
     for name in ("vocab.txt", "tokenizer_config.json"):
         shutil.copy(bench_pretrain.MINILM / name, data / "vocab" / name)
     tokenizer = BertTokenizer.from_pretrained(data / "vocab")
-    TokenStore.build(bench_pretrain.corpus_files_for_runs(), tokenizer, data / "store", progress=False, log=print)
+    TokenStore.build(bench_pretrain.corpus_files_for_runs(), tokenizer, data / "store", progress=False)
     sentences = fetch_data.fetch_sentences()
     shutil.copy(sentences / "held.txt", data / "held.txt")
     _, _, test = bench_pretrain.trec_dev_split(data / "trec")
@@ -150,7 +151,7 @@ def step_run(args, out: Path) -> None:
                                   seed=0, progress=False, **more)
         with dropout_at(net, RUN["dropout"]):
             return pretrain(net, examples, settings, folder, eval_examples=held if "eval_every" in more else None,
-                            tokenizer_source=data / "vocab", log=None)
+                            tokenizer_source=data / "vocab")
 
     started = time.time()
     train(40, work / f"timing-{args.variant}", log_every=20)  # the speed both runs have side by side
@@ -357,4 +358,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with lines_to(sys.stdout):  # the runs' lines, as they go
+        main()

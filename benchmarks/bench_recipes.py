@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "data"))
 
 from fetch_data import fetch_trec  # noqa: E402
 
+from minibert.logs import lines_to  # noqa: E402
 from minibert.runs.finetune import finetune  # noqa: E402
 from minibert.runs.settings import RECIPES, FinetuneRun  # noqa: E402
 
@@ -39,7 +40,8 @@ def run_one(recipe: str, seed: int, train: Path, test: Path, work: Path) -> dict
     run = FinetuneRun(train=train, eval=test, model=str(MODEL), out=work / f"{recipe}-{seed}", recipe=recipe,
                       seed=seed, batch_size=16, max_length=64, progress=False, overwrite=True)
     started = time.perf_counter()
-    history = finetune(run, log=lambda line: print(f"  {recipe} seed {seed}: {line}", file=sys.stderr, flush=True))
+    with lines_to(sys.stderr, prefix=f"  {recipe} seed {seed}: "):
+        history = finetune(run)
     return {"recipe": recipe, "seed": seed, "accuracy": history.best_metric, "best_epoch": history.best_epoch,
             "epochs": [e["eval"]["accuracy"] for e in history.epochs], "seconds": time.perf_counter() - started,
             "lr": RECIPES[recipe].lr, "default_epochs": RECIPES[recipe].epochs}

@@ -47,7 +47,7 @@ RECORD_FILE = ".minibert-run.json"
 #: what a folder holds, recognised by the files minibert and BERT checkpoints write (first match wins)
 KNOWN_CONTENTS = (
     ("study.json", "a depth study"),
-    ("adapter_config.json", "a task module"),
+    ("adapter.json", "a task module"),
     ("pretrain.json", "a pre-training run"),
     ("checkpoints", "a pre-training run"),
     ("exits.json", "a classifier with early exits"),

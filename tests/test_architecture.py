@@ -244,3 +244,20 @@ def test_functions_stay_short_and_narrow():
             if params > 12:
                 wide.append(f"{where}: {params} parameters")
     assert not long and not wide, "; ".join(long + wide)
+
+
+def test_the_package_speaks_through_logging():
+    """A run tells its user what it does through ``logging`` (``minibert.logs``): no ``print`` outside the
+    command line, and no ``log`` callback threaded through functions."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+                    and not name.startswith("minibert.cli")):
+                found.append(f"{name}:{node.lineno} print()")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                if "log" in [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]:
+                    found.append(f"{name}.{node.name}: a log parameter")
+    assert not found, ", ".join(found)

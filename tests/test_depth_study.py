@@ -59,7 +59,7 @@ def test_the_plan_spends_equal_steps_or_equal_flops():
 def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_dir, tmp_path, capsys):
     out = tmp_path / "study"
     results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
-                        conllu=POS_SAMPLE, log=None)
+                        conllu=POS_SAMPLE)
     names = {"L1-steps-seed0", "L2-steps-seed0", "L1-steps-seed1", "L2-steps-seed1"}
     assert set(results["runs"]) == names and json.loads((out / "study.json").read_text())["runs"].keys() == names
     for name, run in results["runs"].items():
@@ -75,7 +75,7 @@ def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_di
     model = out / "runs" / "L1-steps-seed0" / "model.safetensors"
     stamp = model.stat().st_mtime_ns
     again = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
-                      conllu=POS_SAMPLE, log=None)
+                      conllu=POS_SAMPLE)
     assert model.stat().st_mtime_ns == stamp and again["runs"] == results["runs"]  # nothing trained again
     saved = json.loads((out / "study.json").read_text())
     del saved["runs"]["L2-steps-seed1"]  # stopped after its training, before its measures
@@ -83,11 +83,11 @@ def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_di
     trained = out / "runs" / "L2-steps-seed1" / "model.safetensors"
     stamp = trained.stat().st_mtime_ns
     measured = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=TINY,
-                         conllu=POS_SAMPLE, log=None)
+                         conllu=POS_SAMPLE)
     assert trained.stat().st_mtime_ns == stamp and measured["runs"] == results["runs"]
     with pytest.raises(InputError, match="other settings"):
         run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt",
-                  config=DepthStudyConfig(**{**TINY.__dict__, "steps": 5}), log=None)
+                  config=DepthStudyConfig(**{**TINY.__dict__, "steps": 5}))
 
 
 def test_the_cli_runs_a_study_and_draws_it(files, minilm_dir, tmp_path, capsys):
@@ -132,12 +132,11 @@ def test_cut_vs_grown_compares_the_deepest_model_cut_with_grown_and_distilled_on
     out = tmp_path / "study"
     config = DepthStudyConfig(**{**TINY.__dict__, "depths": (1, 3)})
     with pytest.raises(InputError, match="run the depth study first"):
-        cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt", log=None)
+        cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt")
     results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=config,
-                        conllu=POS_SAMPLE, log=None)
+                        conllu=POS_SAMPLE)
     entry = cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt",
-                         conllu=POS_SAMPLE, task_train=files / "task_train.csv", task_eval=files / "task_eval.csv",
-                         log=None)
+                         conllu=POS_SAMPLE, task_train=files / "task_train.csv", task_eval=files / "task_eval.csv")
     assert entry["teacher"] == "L3-steps-seed0" and set(entry["depths"]) == {"1"}
     arms = entry["depths"]["1"]
     assert set(arms) == {"cut", "grown", "distilled"}
@@ -169,20 +168,17 @@ def test_cut_vs_grown_compares_the_deepest_model_cut_with_grown_and_distilled_on
 
     stamp = (out / "distilled" / "L1" / "model.safetensors").stat().st_mtime_ns
     again = cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt",
-                         conllu=POS_SAMPLE, task_train=files / "task_train.csv", task_eval=files / "task_eval.csv",
-                         log=None)
+                         conllu=POS_SAMPLE, task_train=files / "task_train.csv", task_eval=files / "task_eval.csv")
     assert again == entry and (out / "distilled" / "L1" / "model.safetensors").stat().st_mtime_ns == stamp
     with pytest.raises(InputError, match="temperature 2.0"):
-        cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt", temperature=3.0,
-                     log=None)
+        cut_vs_grown(out, [files / "train.txt"], vocab=minilm_dir, eval_texts=files / "held.txt", temperature=3.0)
     assert (out / "study_cut.png") in plot_study(json.loads((out / "study.json").read_text()), out, name="study")
 
 
 def test_the_reference_depths_equal_compute_run_is_its_equal_steps_run_measured_once(files, minilm_dir, tmp_path):
     out = tmp_path / "study"
     config = DepthStudyConfig(**{**TINY.__dict__, "budgets": ("steps", "compute"), "seeds": (0,)})
-    results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=config,
-                        log=None)
+    results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=config)
     steps, compute = results["runs"]["L2-steps-seed0"], results["runs"]["L2-compute-seed0"]
     assert compute["steps"] == steps["steps"] == 4 and compute["budget"] == "compute"
     assert {k: v for k, v in compute.items() if k != "budget"} == {k: v for k, v in steps.items() if k != "budget"}
@@ -198,7 +194,7 @@ def test_a_rerun_measures_new_files_and_refuses_changed_inputs_by_name(files, mi
     naming each one that differs (was: "other settings", unnamed)."""
     config = DepthStudyConfig(**{**TINY.__dict__, "seeds": (0,)})
     out = tmp_path / "study"
-    common = dict(vocab=minilm_dir, eval_texts=files / "held.txt", log=None)
+    common = dict(vocab=minilm_dir, eval_texts=files / "held.txt")
     first = run_study([files / "train.txt"], out, config=config, **common)
     assert all("probe_accuracy" not in r and "task_accuracy" not in r for r in first["runs"].values())
     model = out / "runs" / "L2-steps-seed0" / "model.safetensors"
@@ -213,7 +209,7 @@ def test_a_rerun_measures_new_files_and_refuses_changed_inputs_by_name(files, mi
     other = tmp_path / "other-held.txt"
     other.write_text("\n".join(files.joinpath("held.txt").read_text().splitlines()[:30]) + "\n")
     with pytest.raises(InputError, match="--eval-texts is not the file the study was measured with"):
-        run_study([files / "train.txt"], out, config=config, vocab=minilm_dir, eval_texts=other, log=None)
+        run_study([files / "train.txt"], out, config=config, vocab=minilm_dir, eval_texts=other)
     with pytest.raises(InputError, match=r"steps=4 then, 5 now; seeds=\[0\] then, \[0, 1\] now"):
         run_study([files / "train.txt"], out, config=DepthStudyConfig(**{**config.__dict__, "steps": 5, "seeds": (0, 1)}),
                   **common)
@@ -223,7 +219,7 @@ def test_a_rerun_measures_new_files_and_refuses_changed_inputs_by_name(files, mi
 def test_overwrite_starts_the_study_again(files, minilm_dir, tmp_path):
     config = DepthStudyConfig(**{**TINY.__dict__, "seeds": (0,), "depths": (1,)})
     out = tmp_path / "study"
-    common = dict(vocab=minilm_dir, eval_texts=files / "held.txt", log=None)
+    common = dict(vocab=minilm_dir, eval_texts=files / "held.txt")
     run_study([files / "train.txt"], out, config=config, **common)
     other = DepthStudyConfig(**{**config.__dict__, "steps": 3})
     again = run_study([files / "train.txt"], out, config=other, overwrite=True, **common)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import shutil
@@ -352,7 +353,7 @@ def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_pat
     history, teacher_score = distill_pipeline.distill_task(DistillRun(
         train=path, eval=path, teacher=tiny_teacher_dir, out=tmp_path / "student", student_blocks=[3], temperature=2.0,
         alpha=0.7, hidden_weight=0.5, attention_weight=0.5, layer_map="1:4", epochs=4, lr=3e-3, progress=False,
-        batch_size=8, max_length=16), log=None)
+        batch_size=8, max_length=16))
     assert teacher_score["accuracy"] >= 0.9
     assert history.best_metric >= 0.9 * teacher_score["accuracy"]
     student = BertForSequenceClassification.from_pretrained(tmp_path / "student")
@@ -360,8 +361,7 @@ def test_task_distillation_learns_the_teachers_answers(tiny_teacher_dir, tmp_pat
     with pytest.raises(InputError, match="label"):
         bad = tmp_path / "bad.csv"
         bad.write_text("text,label\nhello,other\nbye,pos\n")
-        distill_pipeline.distill_task(DistillRun(train=bad, eval=bad, teacher=tiny_teacher_dir, out=tmp_path / "x"),
-                                      log=None)
+        distill_pipeline.distill_task(DistillRun(train=bad, eval=bad, teacher=tiny_teacher_dir, out=tmp_path / "x"))
 
 
 def test_distillers_refuse_what_cannot_be_matched(tiny_encoder_dir, tiny_teacher_dir):
@@ -489,13 +489,13 @@ def test_finetune_with_layerdrop_writes_a_prunable_model(tiny_encoder_dir, tmp_p
     data = tmp_path / "d.csv"
     data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
     history = finetune(FinetuneRun(train=data, eval=data, model=tiny_encoder_dir, out=tmp_path / "ld", layerdrop=0.3,
-                                   epochs=1, lr=1e-3, progress=False, max_length=16), log=None)
+                                   epochs=1, lr=1e-3, progress=False, max_length=16))
     model = BertForSequenceClassification.from_pretrained(tmp_path / "ld")
     assert not model.bert._forward_pre_hooks  # the LayerDrop hook is gone from the saved model's source
     assert history.best_metric is not None
     with pytest.raises(InputError, match="scalarmix"):
         finetune(FinetuneRun(train=data, eval=data, model=tiny_encoder_dir, out=tmp_path / "x", layerdrop=0.3,
-                             recipe="scalarmix"), log=None)
+                             recipe="scalarmix"))
 
 
 # ------------------------------------------------------------------------------------------ early exit
@@ -592,7 +592,7 @@ def test_exits_cli_prints_the_curve(tiny_teacher_dir, tmp_path):
 
 
 # ------------------------------------------------------------------------- what a new user found
-def test_distill_says_the_true_counts_and_refuses_too_few_texts_for_its_metric(tiny_encoder_dir, tmp_path):
+def test_distill_says_the_true_counts_and_refuses_too_few_texts_for_its_metric(tiny_encoder_dir, tmp_path, caplog):
     """5 texts used to give "holding out 5 %" while 3 were held out, and a top-10 overlap on 3 texts. The
     held-out share is at least 2k + 1 texts (each text's k nearest among 2k others), at least as many are
     left to train on, and the log says the true counts."""
@@ -606,16 +606,16 @@ def test_distill_says_the_true_counts_and_refuses_too_few_texts_for_its_metric(t
         distill.distill_embeddings(None, None, None, texts, eval_texts=texts[:3])
     assert not (tmp_path / "s").exists()
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(100)]
-    lines = []
+    caplog.set_level(logging.INFO, logger="minibert")  # the run's lines go through logging
     run = distill_pipeline.distill_corpus(DistillRun(teacher=tiny_encoder_dir, texts=texts, out=tmp_path / "s",
-                                                     student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False),
-                                          log=lines.append)
+                                                     student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False))
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("minibert.")]
     assert run.held_out == 7 and run.trained_on == 93  # 5 % of 100 is 5, raised to 2k + 1 = 7
     assert "agreement measured on 7 held-out texts, held out of the 100 given (7.0%" in lines[0]
     assert run.history.epochs[0]["eval"]["k"] == 3
 
 
-def test_a_student_keeps_its_sentence_transformers_teachers_settings(tiny_encoder_dir, tmp_path):
+def test_a_student_keeps_its_sentence_transformers_teachers_settings(tiny_encoder_dir, tmp_path, caplog):
     """A student distilled from a sentence-transformers folder was written without modules.json, so `embed`
     pooled it differently from its teacher. It now keeps the teacher's pooling, normalisation and length,
     matches vectors pooled that way, and says so."""
@@ -632,10 +632,10 @@ def test_a_student_keeps_its_sentence_transformers_teachers_settings(tiny_encode
         "word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
     (teacher / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24, "do_lower_case": False}))
     texts = [f"sentence {i} tells of the river bank and the boat" for i in range(60)]
-    lines = []
+    caplog.set_level(logging.INFO, logger="minibert")
     run = distill_pipeline.distill_corpus(DistillRun(teacher=teacher, texts=texts, out=tmp_path / "student",
-                                                     student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False),
-                                          log=lines.append)
+                                                     student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False))
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("minibert.")]
     assert (run.pooling, run.normalize, run.sentence_folder) == ("cls", True, True)
     assert any("keeps" in line and "pooling cls, normalized, max_seq_length 24" in line for line in lines)
     student, original = SentenceEncoder.from_pretrained(tmp_path / "student"), SentenceEncoder.from_pretrained(teacher)

@@ -139,7 +139,7 @@ def test_overwrite_replaces_the_whole_folder_and_refuses_what_minibert_did_not_w
     module = tmp_path / "module"  # an adapter module replaced by a whole classifier: no stale module left to predict
     assert run(*finetune_args(work, module, "--recipe", "adapter", "--adapter-size", "4")) == 0
     assert run(*finetune_args(work, module, "--overwrite")) == 0
-    assert not (module / "adapter_config.json").exists() and (module / "model.safetensors").exists()
+    assert not (module / "adapter.json").exists() and (module / "model.safetensors").exists()
     assert run("predict", module, work / "held.txt") == 0
     mine = tmp_path / "notes"
     mine.mkdir()

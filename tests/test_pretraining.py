@@ -5,6 +5,7 @@ resumed bit for bit, torchrun, the CLI. Tiny geometries and small corpora: secon
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -190,15 +191,16 @@ def test_sparse_prediction_gives_the_dense_loss_and_gradients(pretraining_dir):
 
 
 # ---------------------------------------------------------------------------------------- the store
-def test_the_store_is_built_once_reused_and_refuses_another_vocabulary(corpus, tokenizer, tmp_path):
-    lines = []
-    store = TokenStore.build([corpus / "train.txt"], tokenizer, tmp_path / "store", progress=False, log=lines.append)
+def test_the_store_is_built_once_reused_and_refuses_another_vocabulary(corpus, tokenizer, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="minibert")
+    store = TokenStore.build([corpus / "train.txt"], tokenizer, tmp_path / "store", progress=False)
     docs = read_documents(corpus / "train.txt")
     assert store.meta["documents"] == len(docs) and store.meta["sentences"] == sum(len(d) for d in docs)
     first = tokenizer(docs[0][0], add_special_tokens=False)["input_ids"]
     assert store.stream[:len(first)].tolist() == first
-    TokenStore.build([corpus / "train.txt"], tokenizer, tmp_path / "store", progress=False, log=lines.append)
-    assert lines[-1].startswith("reusing the token store")
+    TokenStore.build([corpus / "train.txt"], tokenizer, tmp_path / "store", progress=False)
+    assert caplog.records[-1].name == "minibert.training.pretrain_data"
+    assert caplog.records[-1].getMessage().startswith("reusing the token store")
     other = BertTokenizer(list(tokenizer.vocab)[:-1] + ["[extra]"])
     with pytest.raises(InputError, match="made with another vocabulary"):
         TokenStore.build([corpus / "train.txt"], other, tmp_path / "store", progress=False)

@@ -74,7 +74,6 @@ results = run_study(
     eval_texts=sentences / "held.txt",
     config=QUICK,
     conllu=pos,
-    log=None,
 )
 print(
     f"{'blocks':>6} {'budget':>8} {'seeds':>5} {'steps':>5} {'held-out loss':>14} "
@@ -119,7 +118,6 @@ entry = cut_vs_grown(
     vocab=vocab,
     eval_texts=sentences / "held.txt",
     conllu=pos,
-    log=None,
 )
 print(
     f"teacher: {entry['teacher']} "

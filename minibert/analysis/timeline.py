@@ -17,12 +17,15 @@ takes any run folder with snapshots, or a list of (step, folder).
 
 from __future__ import annotations
 
+import logging
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from ..errors import InputError
 from .layers import linear_cka
 from .probing import labelled_word_features, probe_layers
+
+log = logging.getLogger(__name__)
 
 
 def snapshot_folder(run_dir, step: int) -> Path:
@@ -82,7 +85,7 @@ class Timeline:
 
 
 def probe_over_time(run, data: list[tuple[list[str], list[str]]], *, pool: str = "first", batch_size: int = 16,
-                    seed: int = 0, test_fraction: float = 0.2, progress: bool = True, log=None) -> Timeline:
+                    seed: int = 0, test_fraction: float = 0.2, progress: bool = True) -> Timeline:
     """``run``: a run folder with ``snapshots/`` or a list of (step, folder); ``data``: (words, labels)
     sentences (``textfiles.read_conllu``). Every snapshot is probed with the same split and seed."""
     from ..models import BertModel
@@ -103,8 +106,7 @@ def probe_over_time(run, data: list[tuple[list[str], list[str]]], *, pool: str =
         result = probe_layers(features, words, labels, sentence_ids, seed=seed, test_fraction=test_fraction)
         vectors.append(features)
         rows.append(result)
-        if log is not None:
-            log(f"step {step}: probe accuracy " + " ".join(f"{a:.3f}" for a in result.accuracy))
+        log.info(f"step {step}: probe accuracy " + " ".join(f"{a:.3f}" for a in result.accuracy))
     if len({v.shape[0] for v in vectors}) != 1:
         raise InputError("the snapshots have different depths: they are not one run")
     layers = vectors[0].shape[0]

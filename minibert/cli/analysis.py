@@ -6,9 +6,11 @@ logit lens), ``parity`` (per-layer differences against transformers or another c
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ..errors import InputError, require_extra
+from ..logs import lines_to
 from ..names import QUANTISED_DTYPES, SHORT_DTYPES
 from .common import (MODEL_HELP, PLOT_FORMATS, batch_size_option, check_device, device_options, load,
                      max_length_option, model_option, non_negative_float, output_file, plot_file, plot_option,
@@ -114,8 +116,8 @@ def cmd_probe_over_time(args) -> int:
     if not Path(args.run).is_dir():
         raise InputError(f"run folder not found: {Path(args.run).resolve()}")
     data = read_conllu(args.data, column=args.column)
-    log = None if args.quiet else print
-    timeline = probe_over_time(args.run, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed, log=log)
+    with lines_to(sys.stdout, enabled=not args.quiet):
+        timeline = probe_over_time(args.run, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed)
     print(f"probing {args.column} in {args.data} ({len(data)} sentences) across {len(timeline.steps)} snapshots "
           f"of {args.run}, pool={args.pool}, seed={args.seed}")
     print(timeline.table())

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, MissingExtra, not_found
+from ..logs import lines_to
 from ..checks import check_max_length, model_limit
 from .common import (batch_size_option, check_device, device_options, max_length_option, max_length_type,
                      positive_float, positive_int, quiet_option, read_lines, report_truncation)
@@ -29,7 +30,8 @@ def cmd_finetune(args) -> int:
     from ..runs.settings import TASK_MODULE_RECIPES, FinetuneRun
     from ..settings import from_args
 
-    history = finetune(from_args(FinetuneRun, args))
+    with lines_to(sys.stdout):  # the epoch lines (--quiet: no progress bar)
+        history = finetune(from_args(FinetuneRun, args))
     if getattr(history, "nothing_to_resume", False):
         print(f"nothing to resume: {args.out} holds a finished run (best epoch {history.best_epoch}, "
               f"{history.metric} {history.best_metric:.4f}); nothing written")
@@ -65,6 +67,7 @@ def cmd_predict(args) -> int:
     from ..models.heads import TASK_CLASSES
     from ..tokenizer import BertTokenizer
     from ..training.adapters import CONFIG_FILE
+    from ..parts import has_part
     from ..training.recipes import ScalarMixClassifier
 
     for folder in args.checkpoint:
@@ -87,7 +90,7 @@ def cmd_predict(args) -> int:
     folder = Path(args.checkpoint)
     architectures = read_json_object(folder / "config.json").get("architectures") or []
     kind = next((a for a in architectures if a in TASK_CLASSES), None)
-    scalarmix = (folder / ScalarMixClassifier.HEAD_FILE).exists()
+    scalarmix = has_part(folder, ScalarMixClassifier.PART)
     if not scalarmix and (kind is None or kind == "BertForQuestionAnswering"):
         raise InputError(f"{args.checkpoint} is not a fine-tuned classifier or tagger (architectures: "
                          f"{architectures}); `minibert predict` takes what `minibert finetune` writes")
@@ -184,9 +187,9 @@ def cmd_distill(args) -> int:
     run = from_args(DistillRun, args)
     run.check()  # which mode, and what goes with it, before any work
     out = args.out
-    log = (lambda line: print(line, file=sys.stderr)) if run.progress else None
     if run.mode == "task":
-        history, teacher_score = D.distill_task(run, log=log)
+        with lines_to(sys.stderr, enabled=run.progress):
+            history, teacher_score = D.distill_task(run)
         if getattr(history, "nothing_to_resume", False):
             print(f"nothing to resume: {out} holds a finished student (best epoch {history.best_epoch}); nothing written")
             return 0
@@ -194,7 +197,8 @@ def cmd_distill(args) -> int:
         print(f"student best epoch {history.best_epoch}: {metric} {history.best_metric:.4f} (teacher "
               f"{teacher_score[metric]:.4f}, {history.best_metric / teacher_score[metric]:.1%} of it); wrote {out}")
         return 0
-    run = D.distill_corpus(run, log=log)
+    with lines_to(sys.stderr, enabled=run.progress):
+        run = D.distill_corpus(run)
     if getattr(run.history, "nothing_to_resume", False):
         print(f"nothing to resume: {out} holds a finished student (best epoch {run.history.best_epoch}); nothing "
               "written")
@@ -223,12 +227,13 @@ def cmd_exits(args) -> int:
     from ..settings import from_args
 
     run = from_args(ExitsRun, args)
-    table = train_exits(run, log=(lambda line: print(line, file=sys.stderr)) if run.progress else None)
+    with lines_to(sys.stderr, enabled=run.progress):
+        table = train_exits(run)
     print(table)
     if getattr(table, "nothing_to_resume", False):
         print(f"nothing to resume: {args.out} holds a finished run (its table above); nothing written")
         return 0
-    print(f"wrote {args.out}: the classifier, early_exits.safetensors, tokenizer, exits.json")
+    print(f"wrote {args.out}: the classifier, early_exits.json and .safetensors, tokenizer, exits.json")
     return 0
 
 
@@ -249,7 +254,8 @@ def cmd_pretrain(args) -> int:
     from ..settings import from_args
 
     run = from_args(PretrainRun, args)
-    summary = run_pretraining(run, log=(lambda line: print(line, file=sys.stderr)) if run.progress else None)
+    with lines_to(sys.stderr, enabled=run.progress):
+        summary = run_pretraining(run)
     if summary.get("nothing_to_resume"):
         print(f"nothing to resume: {args.out} holds a finished run of {summary.get('steps', '?')} steps; nothing written")
         return 0
@@ -334,14 +340,10 @@ def cmd_depth_study(args) -> int:
         changes["bf16"] = True
     config = dataclasses.replace(config, **changes)
     config.check()
-    if args.quiet:
-        log = None
-    else:
-        def log(line):
-            print(line, file=sys.stderr)
-    results = run_study(args.corpus, args.out, vocab=args.vocab, eval_texts=args.eval_texts, config=config,
-                        conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval, device=args.device,
-                        overwrite=args.overwrite, log=log)
+    with lines_to(sys.stderr, enabled=not args.quiet):
+        results = run_study(args.corpus, args.out, vocab=args.vocab, eval_texts=args.eval_texts, config=config,
+                            conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval,
+                            device=args.device, overwrite=args.overwrite)
     print(f"{'blocks':>6}  {'budget':>7}  {'seeds':>5}  {'steps':>6}  {'held-out loss':>13}  {'accuracy':>8}  "
           f"{'probe':>6}  {'task':>6}")
     for r in summary_rows(results):
@@ -349,8 +351,10 @@ def cmd_depth_study(args) -> int:
               f"{r['masked_accuracy']:>8.3f}  {r.get('probe_best', float('nan')):>6.3f}  "
               f"{r.get('task_accuracy', float('nan')):>6.3f}")
     if args.cut_vs_grown:
-        entry = cut_vs_grown(args.out, args.corpus, vocab=args.vocab, eval_texts=args.eval_texts, conllu=args.conllu,
-                             task_train=args.task_train, task_eval=args.task_eval, device=args.device, log=log)
+        with lines_to(sys.stderr, enabled=not args.quiet):
+            entry = cut_vs_grown(args.out, args.corpus, vocab=args.vocab, eval_texts=args.eval_texts,
+                                 conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval,
+                                 device=args.device)
         results["cut_vs_grown"] = entry
         print(f"\ncut from {entry['teacher']}, grown from scratch, distilled from it (same tokens):")
         print(f"{'blocks':>6}  {'model':>9}  {'held-out loss':>13}  {'accuracy':>8}  {'probe':>6}  {'task':>6}")

@@ -29,17 +29,20 @@ the same tokens and one distilled from the deepest (DistilBERT's pre-training ob
 
 from __future__ import annotations
 
+import logging
 import dataclasses
 import json
 import statistics
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..checks import check_fraction, check_positive, check_seed
 from ..errors import InputError
 from ..textfiles import write_text_atomic
+
+log = logging.getLogger(__name__)
 
 BUDGETS = ("steps", "compute")
 
@@ -135,8 +138,7 @@ def plan(config: DepthStudyConfig, vocab_size: int) -> list[StudyRun]:
 
 
 def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStudyConfig = DepthStudyConfig(),
-              conllu=None, task_train=None, task_eval=None, device=None, overwrite: bool = False,
-              log: Callable[[str], None] | None = print) -> dict:
+              conllu=None, task_train=None, task_eval=None, device=None, overwrite: bool = False) -> dict:
     """Pre-train and measure every run of ``plan(config)`` (see the module docstring); returns (and keeps
     in ``out_dir/study.json``) the config, the runs and their measures. ``conllu``: a CoNLL-U file for the
     probe; ``task_train`` / ``task_eval``: CSV files of a classification task (text, label). ``device``:
@@ -167,17 +169,17 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
         results = {**saved, "inputs": {**saved.get("inputs", {}), **{k: v for k, v in inputs.items() if v is not None}}}
     with folder.claim({"config": results["config"]}) as run:
         run.resume_hint = lambda: _study_hint(folder.shown, path, len(plan(config, len(tokenizer.vocab))))
-        if remeasure and log is not None:
-            log(f"{', '.join(remeasure)} changed since the study measured its runs: measuring every finished run "
-                "again with the new file(s)")
+        if remeasure:
+            log.info(f"{', '.join(remeasure)} changed since the study measured its runs: measuring every finished run "
+                     "again with the new file(s)")
         store = out_dir / "store"
-        TokenStore.build(files, tokenizer, store, progress=log is not None, log=log)  # once, shared by every run
+        TokenStore.build(files, tokenizer, store, progress=log.isEnabledFor(logging.INFO))  # once, shared by every run
         runs = plan(config, len(tokenizer.vocab))
         (out_dir / "runs").mkdir(exist_ok=True)
         (out_dir / "tasks").mkdir(exist_ok=True)
         done = [r.name for r in runs if r.name in results["runs"]]
-        if done and log is not None:
-            log(f"continuing the study in {folder.shown}: {len(done)} of {len(runs)} runs finished")
+        if done:
+            log.info(f"continuing the study in {folder.shown}: {len(done)} of {len(runs)} runs finished")
         given = {"--conllu": conllu is not None, "--task-train / --task-eval": task_train is not None}
         for k, run_ in enumerate(runs):  # new or changed probe / task files: measured on every finished model
             if run_.name not in results["runs"]:
@@ -191,7 +193,7 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
                 results["runs"][run_.name] = {**results["runs"][twin.name], **asdict(run_)}
             else:
                 results["runs"][run_.name].update(_measure(out_dir / "runs" / run_.name, config, tokenizer, probe_data,
-                                                           task_train, task_eval, out_dir / "tasks", log, device,
+                                                           task_train, task_eval, out_dir / "tasks", device,
                                                            what=what))
             write_text_atomic(path, json.dumps(results, indent=2) + "\n")
         for k, run_ in enumerate(runs):
@@ -202,12 +204,11 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
                 results["runs"][run_.name] = {**results["runs"][twin.name], **asdict(run_)}
                 write_text_atomic(path, json.dumps(results, indent=2) + "\n")
                 continue
-            if log is not None:
-                log(f"[{k + 1}/{len(runs)}] {run_.name}: {run_.steps} steps ({run_.flops / 1e12:.2f} TFLOP)")
+            log.info(f"[{k + 1}/{len(runs)}] {run_.name}: {run_.steps} steps ({run_.flops / 1e12:.2f} TFLOP)")
             run_folder = out_dir / "runs" / run_.name
-            measures = _pretrain_one(run_, run_folder, files, store, vocab, eval_texts, config, log, device=device)
+            measures = _pretrain_one(run_, run_folder, files, store, vocab, eval_texts, config, device=device)
             measures.update(_measure(run_folder, config, tokenizer, probe_data, task_train, task_eval,
-                                     out_dir / "tasks", log, device))
+                                     out_dir / "tasks", device))
             results["runs"][run_.name] = {**asdict(run_), **measures}
             write_text_atomic(path, json.dumps(results, indent=2) + "\n")
         results["speed"] = _forward_times([out_dir / "runs" / r.name for r in runs if r.budget == runs[0].budget
@@ -300,7 +301,7 @@ def _study_hint(shown: str, path: Path, total: int) -> str:
 
 
 def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, config: DepthStudyConfig,
-                  log, teacher=None, device=None) -> dict:
+                  teacher=None, device=None) -> dict:
     from ..training.pretrain import PretrainConfig
     from .pretrain import run_pretraining
     from .settings import PretrainRun
@@ -308,7 +309,7 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
     pconfig = PretrainConfig(steps=run.steps, batch_size=config.batch_size, lr=config.lr, warmup=config.warmup,
                              bf16=config.bf16, eval_every=run.steps, eval_examples=config.eval_examples,
                              save_every=max(1, run.steps // 4), keep=1, log_every=max(1, run.steps // 20),
-                             snapshots=config.snapshots, seed=run.seed, progress=log is not None)
+                             snapshots=config.snapshots, seed=run.seed, progress=log.isEnabledFor(logging.INFO))
     finished = folder / "pretrain.json"
     if finished.exists():  # trained before the study stopped, not yet measured: its summary is on disk
         saved = json.loads(finished.read_text(encoding="utf-8"))
@@ -321,7 +322,7 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
                                               intermediate=config.intermediate, vocab=str(vocab),
                                               max_length=config.max_length, eval_texts=eval_texts,
                                               dropout=config.dropout, resume=True, store=store, teacher=teacher,
-                                              device=device), log=None)
+                                              device=device))
     return _pretrain_measures(summary, run, config)
 
 
@@ -342,7 +343,7 @@ def best_probe(measures: dict) -> float:
 
 
 def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task_train, task_eval, work: Path,
-             log, device=None, what=None) -> dict:
+             device=None, what=None) -> dict:
     """A trained model's measures: its parameters, the probe per layer (``probe_data``), fine-tuning
     accuracy on the task (on ``device``). ``what``: only the measures of these options ("--conllu",
     "--task-train / --task-eval"; None: all)."""
@@ -368,10 +369,9 @@ def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task
             warnings.filterwarnings("ignore", message=".*has no pooler")
             history = finetune(FinetuneRun(train=task_train, eval=task_eval, model=str(folder), out=work / folder.name,
                                            epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False,
-                                           batch_size=32, max_length=64, device=device, overwrite=True), log=None)
+                                           batch_size=32, max_length=64, device=device, overwrite=True))
         out["task_accuracy"] = history.best_metric
-    if log is not None:
-        log("  " + ", ".join(f"{k} {v:.4g}" for k, v in out.items() if isinstance(v, float)))
+    log.info("  " + ", ".join(f"{k} {v:.4g}" for k, v in out.items() if isinstance(v, float)))
     return out
 
 
@@ -407,8 +407,7 @@ def study_config(saved: dict) -> DepthStudyConfig:
 
 
 def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, task_train=None, task_eval=None,
-                 temperature: float = 2.0, alpha: float = 0.5, device=None,
-                 log: Callable[[str], None] | None = print) -> dict:
+                 temperature: float = 2.0, alpha: float = 0.5, device=None) -> dict:
     """Is the depth a deep model learnt reusable in fewer blocks? For each smaller depth k of the finished
     study in ``out_dir`` (``run_study``; its equal-steps runs of the first seed), three k-block models:
 
@@ -445,7 +444,7 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
                        continues=_holds_study)
     study = _OpenStudy(out_dir, path, results, config, inputs, files, vocab, eval_texts)
     with folder.claim({"config": results["config"]}):
-        return _cut_vs_grown(study, conllu, task_train, task_eval, temperature, alpha, device, log)
+        return _cut_vs_grown(study, conllu, task_train, task_eval, temperature, alpha, device)
 
 
 @dataclass
@@ -463,7 +462,7 @@ class _OpenStudy:
     eval_texts: object
 
 
-def _cut_vs_grown(study: _OpenStudy, conllu, task_train, task_eval, temperature, alpha, device, log) -> dict:
+def _cut_vs_grown(study: _OpenStudy, conllu, task_train, task_eval, temperature, alpha, device) -> dict:
     from ..loading import copy_tokenizer
     from ..models.pretraining import BertForMaskedLM
     from ..textfiles import read_conllu
@@ -517,14 +516,13 @@ def _cut_vs_grown(study: _OpenStudy, conllu, task_train, task_eval, temperature,
         arms["cut"] = _loss_measures(evaluate(cut, held, count), tokens=0)
         arms["cut"].update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval, out_dir / "tasks-cut",
                                     None, device))
-        if log is not None:
-            log(f"cut L{deepest} -> {k}: held-out loss {arms['cut']['eval_loss']:.3f} (grown {grown['eval_loss']:.3f}); "
-                f"distilling {config.steps} steps")
+        log.info(f"cut L{deepest} -> {k}: held-out loss {arms['cut']['eval_loss']:.3f} (grown {grown['eval_loss']:.3f}); "
+                 f"distilling {config.steps} steps")
         folder = out_dir / "distilled" / f"L{k}"
-        arms["distilled"] = _pretrain_one(runs[k], folder, files, out_dir / "store", vocab, eval_texts, config, log,
+        arms["distilled"] = _pretrain_one(runs[k], folder, files, out_dir / "store", vocab, eval_texts, config,
                                           teacher=teacher, device=device)
         arms["distilled"].update(_measure(folder, config, tokenizer, probe_data, task_train, task_eval,
-                                          out_dir / "tasks-distilled", log, device))
+                                          out_dir / "tasks-distilled", device))
         entry["depths"][str(k)] = {arm: arms[arm] for arm in ARMS}
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
     return entry

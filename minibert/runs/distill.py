@@ -5,12 +5,13 @@ best student with its tokenizer."""
 
 from __future__ import annotations
 
+import logging
 import contextlib
 import dataclasses
 import os
 import random
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..checks import check_max_length, model_limit
 from ..errors import InputError
@@ -30,6 +31,8 @@ from .settings import DistillRun
 from .skeleton import (begin_fit, check_labels, check_length, finished_history, read_task_data, resolved,
                        run_folder)
 
+log = logging.getLogger(__name__)
+
 #: the k of the top-k overlap the agreement reports
 AGREEMENT_K = 10
 
@@ -47,7 +50,7 @@ class CorpusRun:
     trained_on: int = 0  # texts trained on (augmented ones included)
 
 
-def distill_corpus(run: DistillRun, *, log: Callable[[str], None] | None = None) -> CorpusRun:
+def distill_corpus(run: DistillRun) -> CorpusRun:
     """``minibert distill --texts``: load the teacher, start the student from ``run.student_blocks``
     (default every other), hold 5 % of the texts out when no ``eval_texts`` are given (at least ``2k + 1``:
     the top-k overlap needs more neighbours than k to mean anything), add ``augment`` new texts made from
@@ -65,7 +68,7 @@ def distill_corpus(run: DistillRun, *, log: Callable[[str], None] | None = None)
     student_dropout = 0.0 if run.student_dropout is None else run.student_dropout
     folder = run_folder(run.out, "distill", reads={"--teacher": run.teacher}, config=run, overwrite=run.overwrite)
     out_dir = folder.path
-    texts, eval_texts, split = _corpus_texts(run, log)
+    texts, eval_texts, split = _corpus_texts(run)
     teacher, tokenizer, sentence, pooling, normalize = _embedding_teacher(run)
     config = dataclasses.replace(base_of(run, EmbeddingDistillConfig), lr=run.learning_rate(), pooling=pooling,
                                  normalize=normalize, student_dropout=student_dropout)
@@ -86,7 +89,7 @@ def distill_corpus(run: DistillRun, *, log: Callable[[str], None] | None = None)
                 "student_dropout": student_dropout, "augment": run.augment, "cache_teacher": run.cache_teacher,
                 "freeze_embeddings": run.freeze_embeddings, "k": run.k}
     with folder.claim(recorded) as claimed:
-        begin_fit(claimed, config, log)
+        begin_fit(claimed, config)
         if claimed.finished:
             history = finished_history(out_dir, folder.shown)
             kept = claimed.finished_summary("run") or {}
@@ -95,16 +98,16 @@ def distill_corpus(run: DistillRun, *, log: Callable[[str], None] | None = None)
         vectors = lambda m: encode_texts(m, tokenizer, eval_texts, pooling=pooling, max_length=run.max_length)  # noqa: E731
         before = embedding_agreement(vectors(teacher), vectors(student), k=run.k)
         history = distill_embeddings(teacher, student, tokenizer, texts, eval_texts=eval_texts, config=config,
-                                     layer_map=layer_map, out_dir=out_dir, log=log)
+                                     layer_map=layer_map, out_dir=out_dir)
         copy_tokenizer(run.teacher, out_dir)
         if sentence is not None:  # the student embeds as its teacher does: the same folder settings
-            _keep_sentence_settings(sentence, student, tokenizer, pooling, normalize, out_dir, run.teacher, log)
+            _keep_sentence_settings(sentence, student, tokenizer, pooling, normalize, out_dir, run.teacher)
         claimed.note(run={"before": before, "held_out": len(eval_texts), "trained_on": len(texts)})
     return CorpusRun(history, before, blocks, len(eval_texts), split, pooling, normalize, sentence is not None,
                      len(texts))
 
 
-def _corpus_texts(run: DistillRun, log) -> tuple[list[str], list[str], bool]:
+def _corpus_texts(run: DistillRun) -> tuple[list[str], list[str], bool]:
     """(training texts, held-out texts, whether they were held out of the training ones): read, split, said,
     and augmented."""
     from ..textfiles import read_lines
@@ -127,11 +130,10 @@ def _corpus_texts(run: DistillRun, log) -> tuple[list[str], list[str], bool]:
         if len(eval_texts) < 2 * k + 1:
             raise InputError(f"{len(eval_texts)} non-empty held-out text(s); the top-{k} overlap needs at least "
                              f"{2 * k + 1} (each text's {k} nearest among at least {2 * k} others)")
-    if log is not None:
-        log(f"agreement measured on {len(eval_texts)} held-out texts"
-            + (f", held out of the {total} given ({len(eval_texts) / total:.1%}; 5 % with at least {2 * k + 1} and at "
-               f"most 1000; --eval-texts to choose), training on the other {len(texts)}" if split
-               else f"; training on {len(texts)} texts"))
+    log.info(f"agreement measured on {len(eval_texts)} held-out texts"
+             + (f", held out of the {total} given ({len(eval_texts) / total:.1%}; 5 % with at least {2 * k + 1} and at "
+                f"most 1000; --eval-texts to choose), training on the other {len(texts)}" if split
+                else f"; training on {len(texts)} texts"))
     if run.augment:
         texts = texts + augment_texts(texts, run.augment, seed=run.seed)
     return texts, eval_texts, split
@@ -158,16 +160,15 @@ def _embedding_teacher(run: DistillRun):
     return teacher, tokenizer, sentence, pooling or "mean", bool(normalize)
 
 
-def _keep_sentence_settings(sentence, student, tokenizer, pooling, normalize, out_dir, teacher_source, log) -> None:
+def _keep_sentence_settings(sentence, student, tokenizer, pooling, normalize, out_dir, teacher_source) -> None:
     from ..compat.sentence import SentenceEncoder
 
     kept = SentenceEncoder(student, tokenizer, pooling=[pooling], normalize=normalize,
                            max_seq_length=sentence.max_seq_length, do_lower_case=sentence.do_lower_case)
     kept.save_settings(out_dir)
-    if log is not None:
-        log(f"the student keeps {teacher_source}'s sentence-transformers settings: pooling {pooling}"
-            f"{', normalized' if normalize else ''}, max_seq_length {sentence.max_seq_length} (modules.json, "
-            "1_Pooling/config.json, sentence_bert_config.json written)")
+    log.info(f"the student keeps {teacher_source}'s sentence-transformers settings: pooling {pooling}"
+             f"{', normalized' if normalize else ''}, max_seq_length {sentence.max_seq_length} (modules.json, "
+             "1_Pooling/config.json, sentence_bert_config.json written)")
 
 
 def _texts_hash(texts) -> str:
@@ -195,7 +196,7 @@ def split_held_out(texts: Sequence[str], share: float = 0.05, limit: int = 1000,
 
 
 # ------------------------------------------------------------------------------------------------ task
-def distill_task(run: DistillRun, *, log: Callable[[str], None] | None = print) -> tuple[History, dict]:
+def distill_task(run: DistillRun) -> tuple[History, dict]:
     """Distil a fine-tuned classifier (``task="classify"``) or tagger (``"tag"``) into a student made of
     ``student_blocks`` of its blocks; the student is evaluated after each epoch as ``minibert finetune``
     evaluates (accuracy / entity F1), the best epoch saved in ``run.out`` with the tokenizer. Returns the
@@ -231,22 +232,21 @@ def distill_task(run: DistillRun, *, log: Callable[[str], None] | None = print) 
                 "pair_column": run.text_pair_column, "label_column": run.label_column, "batch_size": run.batch_size,
                 "max_length": max_length, "student_dropout": student_dropout}
     with folder.claim(recorded) as claimed:
-        begin_fit(claimed, config, log)
+        begin_fit(claimed, config)
         if claimed.finished:
             return finished_history(out_dir, folder.shown), claimed.finished_summary("teacher_score") or {}
         batches = data.batches(tokenizer, label2id, batch_size=run.batch_size, max_length=max_length, seed=config.seed)
         score = data.evaluator(tokenizer, max_length=max_length)
         metric = data.metric
         teacher_score = score(teacher)
-        if log is not None:
-            log(f"teacher ({teacher.config.num_hidden_layers} blocks): "
-                + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
+        log.info(f"teacher ({teacher.config.num_hidden_layers} blocks): "
+                 + ", ".join(f"{k} {v:.4f}" for k, v in teacher_score.items()))
         distiller = TaskDistiller(teacher, student, temperature=temperature, alpha=alpha,
                                   hidden_weight=run.hidden_weight, attention_weight=run.attention_weight,
                                   layer_map=layer_map)
         with contextlib.nullcontext() if student_dropout is None else dropout(student, student_dropout):
             history = fit(distiller, batches, config=config, evaluate=lambda m: score(m.student), metric=metric,
-                          out_dir=out_dir, on_epoch_end=epoch_reporter(log, config.epochs, loss_digits=5))
+                          out_dir=out_dir, on_epoch_end=epoch_reporter(config.epochs, loss_digits=5))
         copy_tokenizer(teacher_source, out_dir)
         claimed.note(teacher_score=teacher_score)
     return history, teacher_score

@@ -20,7 +20,7 @@ from .skeleton import (begin_fit, check_labels, check_length, finished_history, 
                        run_folder)
 
 
-def train_exits(run: ExitsRun, *, log=None) -> str:
+def train_exits(run: ExitsRun) -> str:
     """``minibert exits``: exits on a fine-tuned classifier (frozen, or ``run.joint``), trained on
     ``run.train``; the classifier with its exits, the tokenizer and ``exits.json`` (per-exit accuracy and the
     curve on ``run.eval``; its speed column timed over ``run.rounds`` alternating rounds after a warm-up)
@@ -47,14 +47,14 @@ def train_exits(run: ExitsRun, *, log=None) -> str:
         return {"mean_exit_accuracy": sum(accuracies) / len(accuracies),
                 **{f"exit_{i}": a for i, a in enumerate(accuracies)}}
 
-    report = epoch_reporter(log, config.epochs, describe=lambda scores: "accuracy per exit " + ", ".join(
+    report = epoch_reporter(config.epochs, describe=lambda scores: "accuracy per exit " + ", ".join(
         f"{v:.3f}" for k, v in scores.items() if k.startswith("exit_")))
 
     recorded = {"model": resolved(run.model), "train": resolved(run.train), "eval": resolved(run.eval),
                 "joint": run.joint, "batch_size": run.batch_size, "max_length": max_length,
                 "text_column": run.text_column, "label_column": run.label_column}
     with folder.claim(recorded) as claimed:
-        begin_fit(claimed, config, log)
+        begin_fit(claimed, config)
         if claimed.finished:
             finished_history(out_dir, folder.shown)  # says there is nothing to resume
             table = ExitsTable(curve_table(read_json(out_dir / "exits.json")["curve"]))

@@ -20,9 +20,9 @@ head, apply the recipe, ``fit``, evaluate each epoch, write the checkpoint, its 
 
 from __future__ import annotations
 
+import logging
 import copy
 import dataclasses
-from typing import Callable
 
 from ..checks import check_max_length
 from ..errors import InputError
@@ -42,7 +42,9 @@ from ..training.recipes import ScalarMixClassifier, gradual_unfreezing
 from .settings import RECIPES, TASK_MODULE_RECIPES, FinetuneRun
 from .skeleton import begin_fit, check_labels, check_length, finished_history, read_task_data, resolved, run_folder
 
-def finetune(run: FinetuneRun, *, log: Callable[[str], None] | None = print) -> History:
+log = logging.getLogger(__name__)
+
+def finetune(run: FinetuneRun) -> History:
     """Fine-tune ``run.model`` on ``run.train``, evaluated on ``run.eval`` after each epoch; the best epoch's
     checkpoint goes to ``run.out`` (see ``FinetuneRun`` for every setting). ``lr`` and ``epochs`` left
     unset are the recipe's own (``settings.RECIPES``, measured), and the log says which were taken.
@@ -72,18 +74,18 @@ def finetune(run: FinetuneRun, *, log: Callable[[str], None] | None = print) -> 
                 "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
     config = base_of(run, FitConfig)
     with folder.claim(settings) as claimed:
-        begin_fit(claimed, config, log)
+        begin_fit(claimed, config)
         if claimed.finished:
             return finished_history(out_dir, folder.shown)
-        if chosen and log is not None and claimed.writer:
-            log(f"recipe {run.recipe}: {', '.join(chosen)} (its defaults, measured: {RECIPES[run.recipe].measured}); "
-                "--lr / --epochs choose others")
+        if chosen and claimed.writer:
+            log.info(f"recipe {run.recipe}: {', '.join(chosen)} (its defaults, measured: {RECIPES[run.recipe].measured}); "
+                     "--lr / --epochs choose others")
         batches = data.batches(tokenizer, model.config.label2id, batch_size=batch_size, max_length=run.max_length,
                                seed=run.seed)
         evaluate = data.evaluator(tokenizer, max_length=run.max_length)
         config, on_epoch_start, save = _apply_recipe(run, model, config, options, module, out_dir)
         model.to(where)  # after the recipe added its modules
-        report = epoch_reporter(log, config.epochs)
+        report = epoch_reporter(config.epochs)
         drop = LayerDrop(model, run.layerdrop, seed=run.seed) if run.layerdrop else None
         try:  # under torchrun each process trains on its slice of every batch; process 0 evaluates and saves
             history = fit(model, batches, config=config, evaluate=evaluate, metric=data.metric, out_dir=out_dir,

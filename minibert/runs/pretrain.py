@@ -15,12 +15,12 @@ The geometries are the BERT miniatures of Turc et al. 2019 (layers x hidden, hea
 
 from __future__ import annotations
 
+import logging
 import contextlib
 import copy
 import dataclasses
 import warnings
 from pathlib import Path
-from typing import Callable
 
 from ..config import BertConfig
 from ..errors import InputError
@@ -33,6 +33,8 @@ from ..training.pretrain import CHANGEABLE, PretrainConfig, pretrain
 from ..training.pretrain_data import Examples, MaskingRule, MixedExamples, TokenStore, corpus_files
 from .settings import GEOMETRIES, PretrainRun  # noqa: F401  (GEOMETRIES: geometry_config's, and the benchmarks')
 from .skeleton import resolved
+
+log = logging.getLogger(__name__)
 
 
 
@@ -58,7 +60,7 @@ def geometry_config(vocab_size: int, *, geometry: str | None = None, layers: int
                       max_position_embeddings=max_positions)
 
 
-def run_pretraining(run: PretrainRun, *, log: Callable[[str], None] | None = None) -> dict:
+def run_pretraining(run: PretrainRun) -> dict:
     """The whole command (see the module docstring and ``PretrainRun`` for every setting). ``dropout``:
     every dropout of the model at this probability while it trains (None: the config's, 0.1 from scratch).
     ``store``: the corpus' token store folder (default OUT/store). ``teacher``: a masked-LM folder (or
@@ -80,8 +82,6 @@ def run_pretraining(run: PretrainRun, *, log: Callable[[str], None] | None = Non
     folder = RunFolder(run.out, command="pretrain", writer=rank == 0, resume=run.resume, overwrite=run.overwrite,
                        reads={"--model": run.model, "--teacher": run.teacher, "--vocab": run.vocab})
     out_dir = folder.path
-    if rank != 0:
-        log = None  # process 0 alone speaks
     net, tokenizer, teacher = _models(run, config)  # loaded or built: nothing is written yet
     if ddp.is_distributed():
         ddp.init()
@@ -108,11 +108,11 @@ def run_pretraining(run: PretrainRun, *, log: Callable[[str], None] | None = Non
         if claimed.state == "new" and run.resume:
             warnings.warn(f"resume: {folder.shown} holds no run (nothing to resume): starting from step 0",
                           stacklevel=2)
-        examples, held, config = _examples(run, config, tokenizer, rule, files, mix_files, mix_share, out_dir, log)
-        if run.scratch and log is not None:
-            log(f"from scratch: {shape.num_hidden_layers} x {shape.hidden_size}, {shape.num_attention_heads} heads, "
-                f"FFN {shape.intermediate_size}, vocabulary {shape.vocab_size:,}"
-                f"{', untied decoder' if run.untied else ''} ({sum(p.numel() for p in net.parameters()):,} parameters)")
+        examples, held, config = _examples(run, config, tokenizer, rule, files, mix_files, mix_share, out_dir)
+        if run.scratch:
+            log.info(f"from scratch: {shape.num_hidden_layers} x {shape.hidden_size}, {shape.num_attention_heads} heads, "
+                     f"FFN {shape.intermediate_size}, vocabulary {shape.vocab_size:,}"
+                     f"{', untied decoder' if run.untied else ''} ({sum(p.numel() for p in net.parameters()):,} parameters)")
         net.to(where)
         if teacher is not None and next(teacher.parameters()).device != where:
             teacher = copy.deepcopy(teacher).to(where)  # the caller's teacher stays where it is
@@ -124,10 +124,12 @@ def run_pretraining(run: PretrainRun, *, log: Callable[[str], None] | None = Non
         with (dropout_at(net, run.dropout) if run.dropout is not None else contextlib.nullcontext()):
             summary = pretrain(trained, examples, config, out_dir, eval_examples=held,
                                resume=run.resume and claimed.state != "new",  # a new folder: said above, once
-                               tokenizer_source=source, log=log)
+                               tokenizer_source=source)
         if rank == 0:
             copy_tokenizer(source, out_dir)
             claimed.note(pretrain=summary)
+    if ddp.is_distributed():
+        ddp.finish()  # every process leaves the job together (a process that exits first can abort the others)
     return summary
 
 
@@ -193,25 +195,24 @@ def _models(run: PretrainRun, config: PretrainConfig):
     return net, tokenizer, teacher
 
 
-def _examples(run: PretrainRun, config: PretrainConfig, tokenizer, rule, files, mix_files, mix_share, out_dir, log):
+def _examples(run: PretrainRun, config: PretrainConfig, tokenizer, rule, files, mix_files, mix_share, out_dir):
     """(the run's examples, the held-out ones or None, the config with its evaluation size fitted): the token
     stores built once (or reused), a --mix replayed, and what an epoch and the run hold said."""
     store_folder = out_dir / "store" if run.store is None else Path(run.store)
-    store_ = _store(files, tokenizer, store_folder, config.progress, log)
+    store_ = _store(files, tokenizer, store_folder, config.progress)
     examples = Examples(store_, tokenizer, max_length=run.max_length, nsp=run.nsp, rule=rule, seed=config.seed)
     if mix_files is not None:
-        other = _store(mix_files, tokenizer, out_dir / "mix-store", config.progress, log)
+        other = _store(mix_files, tokenizer, out_dir / "mix-store", config.progress)
         examples = MixedExamples(examples, Examples(other, tokenizer, max_length=run.max_length, nsp=run.nsp,
                                                     rule=rule, seed=config.seed + 1), mix_share)
     held = None
     if run.eval_texts is not None:
         held = held_examples(run.eval_texts, tokenizer, out_dir / "eval-store", max_length=run.max_length,
-                             nsp=run.nsp, rule=rule, progress=config.progress, log=log)
+                             nsp=run.nsp, rule=rule, progress=config.progress)
         config = dataclasses.replace(config, eval_examples=min(config.eval_examples, held.per_epoch))
-    if log is not None:
-        steps, per_step = config.total_steps(run.max_length), config.batch_size * config.accumulate
-        log(f"{store_}; {examples.per_epoch:,} examples of {run.max_length} tokens an epoch; {steps:,} steps of "
-            f"{per_step} examples ({steps * per_step / examples.per_epoch:.2f} epochs)")
+    steps, per_step = config.total_steps(run.max_length), config.batch_size * config.accumulate
+    log.info(f"{store_}; {examples.per_epoch:,} examples of {run.max_length} tokens an epoch; {steps:,} steps of "
+             f"{per_step} examples ({steps * per_step / examples.per_epoch:.2f} epochs)")
     return examples, held, config
 
 
@@ -250,22 +251,22 @@ def check_training_memory(bert_config, config: PretrainConfig, max_length: int, 
 
 
 def held_examples(eval_texts, tokenizer, folder, *, max_length: int, nsp: bool = False, rule: MaskingRule = MaskingRule(),
-                  progress: bool = False, log=None) -> Examples:
+                  progress: bool = False) -> Examples:
     """The held-out examples of ``eval_texts`` (their token store in ``folder``), in one order whatever the
     run's seed: with ``evaluate``'s fixed mask seed, every run -- any seed, any depth -- is measured on the
     same examples with the same masks."""
-    store = _store(corpus_files([eval_texts]), tokenizer, folder, progress, log)
+    store = _store(corpus_files([eval_texts]), tokenizer, folder, progress)
     return Examples(store, tokenizer, max_length=max_length, nsp=nsp, rule=rule, seed=0)
 
 
-def _store(files, tokenizer, folder, progress: bool, log) -> TokenStore:
+def _store(files, tokenizer, folder, progress: bool) -> TokenStore:
     """The token store of ``files``: under torchrun process 0 builds it while the others wait, then they
     open what it built."""
     if not ddp.is_distributed():
-        return TokenStore.build(files, tokenizer, folder, progress=progress, log=log)
+        return TokenStore.build(files, tokenizer, folder, progress=progress)
     import torch.distributed as dist
 
     rank = ddp.init()[0]
-    store = TokenStore.build(files, tokenizer, folder, progress=progress, log=log) if rank == 0 else None
+    store = TokenStore.build(files, tokenizer, folder, progress=progress) if rank == 0 else None
     dist.barrier()
     return store or TokenStore.build(files, tokenizer, folder, progress=False)

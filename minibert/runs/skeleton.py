@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from ..training import metrics
 from ..training.data import classification_batches, tag_words, tagging_batches
 from ..training.datasets import read_table, read_tagged
 from ..training.loop import STATE_FILE, History
+
+log = logging.getLogger(__name__)
 
 #: what each task keeps the best epoch by (tags: by their scheme, see ``TaskData.metric``)
 TASK_METRIC = {"classify": "accuracy", "regress": "pearson", "tag": "entity_f1"}
@@ -40,7 +43,7 @@ def resolved(source) -> str | None:
     return str(p.resolve()) if p.exists() else str(source)
 
 
-def begin_fit(run, config, log: Callable[[str], None] | None) -> None:
+def begin_fit(run, config) -> None:
     """What a pipeline that runs ``fit`` does once it holds its folder (``run``, an ``outputs.RunFolder``):
     say where Ctrl-C would leave the run, and, resumed, which epoch it goes on after (``fit`` itself warns
     when there is none)."""
@@ -52,9 +55,9 @@ def begin_fit(run, config, log: Callable[[str], None] | None) -> None:
         return f"no epoch of {run.shown} had finished: the same command with --resume starts from the first epoch"
 
     run.resume_hint = hint
-    done = _resumable_epoch(run.path) if config.resume and log is not None and run.writer else 0
+    done = _resumable_epoch(run.path) if config.resume and run.writer else 0
     if done:
-        log(f"resuming {run.shown} after epoch {done} of {config.epochs}")
+        log.info(f"resuming {run.shown} after epoch {done} of {config.epochs}")
 
 
 def _resumable_epoch(out_dir) -> int:

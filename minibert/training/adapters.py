@@ -39,7 +39,6 @@ one-task LoRA that merges into the weights.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from functools import partial
 from pathlib import Path
@@ -51,19 +50,21 @@ from torch import nn
 from ..checks import check_fraction, check_index, check_positive, encoder_of
 from ..errors import InputError
 from ..hookpoints import HookPoint
+from ..parts import check_fits, check_record, files, write_part
 from .lora import LoRAPair
 
 KINDS = ("houlsby", "pfeiffer", "prefix", "lora")
 GOES_ON = "task modules go on"  # how a refused model is told (checks.encoder_of)
 NONLINEARITIES = {"swish": F.silu, "silu": F.silu, "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh}
 INITS = ("identity", "bert", "houlsby")
-CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
+PART = "adapter"  # a saved task module is a part (``parts``): adapter.json and adapter.safetensors
+CONFIG_FILE, WEIGHTS_FILE = files(PART)
 #: the base's config fields a task module depends on beyond its tensors' shapes: a module trained on one
 #: value computes something else on another (12 heads split the prefix keys otherwise than 4)
 BASE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "position_embedding_type")
-#: the safetensors metadata key that repeats what adapter_config.json says (an edit of one is found)
-METADATA_KEY = "minibert_task_module"
+#: what adapter.json must still say as the weights file recorded it (where the base came from may change)
+SEALED = ("name", "options", "base_config", "head")
 #: what ``save_adapter`` records of each kind's options: ``add_adapter``'s argument names
 SAVED_OPTIONS = {"houlsby": ("bottleneck", "nonlinearity", "init"), "pfeiffer": ("bottleneck", "nonlinearity", "init"),
                  "prefix": ("prefix_length", "prefix_bottleneck", "dropout"), "lora": ("r", "alpha", "dropout", "targets")}
@@ -518,11 +519,10 @@ def trainable_parameters(model) -> tuple[int, int]:
 
 
 def save_adapter(model, name: str, directory) -> Path:
-    """Write task module ``name`` -- and, for a task head, the head -- to ``directory``: ``adapter_config
-    .json`` (kind, options, the base's fingerprint and source, the head's class and labels) and
-    ``adapter.safetensors``. A prefix task is saved flat (its keys and values; the MLP is for training)."""
-    from safetensors.torch import save_file
-
+    """Write task module ``name`` -- and, for a task head, the head -- to ``directory`` as a part
+    (``parts``): ``adapter.json`` (kind, options, the base's fingerprint and source, the head's class and
+    labels) and ``adapter.safetensors``. A prefix task is saved flat (its keys and values; the MLP is for
+    training)."""
     from ..textfiles import atomic_dir
 
     encoder = encoder_of(model, GOES_ON)
@@ -555,55 +555,14 @@ def save_adapter(model, name: str, directory) -> Path:
     record = {"name": name, "options": container.options[name], "base_fingerprint": base_fingerprint(encoder),
               "base_source": source, "hidden_size": encoder.config.hidden_size,
               "num_hidden_layers": encoder.config.num_hidden_layers, "base_config": base, "head": head}
-    sealed = {"name": name, "options": container.options[name], "base_config": base, "head": head}
     with atomic_dir(directory) as tmp:
-        (Path(tmp) / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        save_file(tensors, str(Path(tmp) / WEIGHTS_FILE), metadata={METADATA_KEY: json.dumps(sealed, sort_keys=True)})
+        write_part(tmp, PART, record, tensors)
     return Path(directory)
 
 
 def base_config(config) -> dict:
-    """The fields of a base's config a task module depends on (``BASE_FIELDS``), as adapter_config.json keeps them."""
+    """The fields of a base's config a task module depends on (``BASE_FIELDS``), as adapter.json keeps them."""
     return {k: getattr(config, k) for k in BASE_FIELDS}
-
-
-def _sealed(directory) -> dict | None:
-    """What save_adapter wrote into adapter.safetensors' metadata (None for a module saved before it did)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(Path(directory) / WEIGHTS_FILE), framework="pt") as f:
-            text = (f.metadata() or {}).get(METADATA_KEY)
-    except Exception as e:  # not a safetensors file, truncated
-        raise InputError(f"{(Path(directory) / WEIGHTS_FILE).resolve()} cannot be read as safetensors "
-                         f"({type(e).__name__}: {e})") from None
-    if text is None:
-        return None
-    try:
-        sealed = json.loads(text)
-    except ValueError:
-        return None
-    return sealed if isinstance(sealed, dict) else None
-
-
-def check_module_config(directory, record: dict) -> None:
-    """adapter_config.json against what the weights file was saved with: a field edited after saving (the
-    head's class, an option, the base's config) is an InputError naming the field and both values."""
-    sealed = _sealed(directory)
-    if sealed is None:
-        return
-    path = Path(directory).resolve() / CONFIG_FILE
-    for key in ("name", "options", "base_config", "head"):
-        said, saved = record.get(key), sealed.get(key)
-        if said == saved:
-            continue
-        if isinstance(said, dict) and isinstance(saved, dict):
-            fields = sorted(k for k in set(said) | set(saved) if said.get(k) != saved.get(k))
-            what = "; ".join(f"{key}.{k} is {said.get(k)!r} there, {saved.get(k)!r} in {WEIGHTS_FILE}" for k in fields)
-        else:
-            what = f"{key} is {said!r} there, {saved!r} in {WEIGHTS_FILE}"
-        raise InputError(f"{path} does not say what its weights were saved with ({what}): it was edited after "
-                         f"saving; put back what {WEIGHTS_FILE} records, or save the module again")
 
 
 def check_base_config(directory, record: dict, config) -> None:
@@ -620,20 +579,6 @@ def check_base_config(directory, record: dict, config) -> None:
                          f"it computes something else on this one",
                          python=f"load it on the base it was trained on ({base})",
                          shell=f"give --model the base it was trained on ({base})")
-
-
-def _check_shapes(directory, module: nn.Module, state: dict, what: str) -> None:
-    """Every saved tensor is one the module has, of the same shape, and none is missing: an InputError naming
-    each tensor that does not fit and both shapes."""
-    own = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    saved = {k: tuple(v.shape) for k, v in state.items()}
-    problems = [f"{k}: saved {saved[k]}, this model needs {own[k]}" for k in sorted(set(own) & set(saved))
-                if own[k] != saved[k]]
-    problems += [f"{k}: missing from the file (this model needs {own[k]})" for k in sorted(set(own) - set(saved))]
-    problems += [f"{k}: in the file {saved[k]}, not a tensor of this model" for k in sorted(set(saved) - set(own))]
-    if problems:
-        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
-        raise InputError(f"{Path(directory).resolve()}: {what} does not fit ({shown})")
 
 
 def read_adapter_config(directory) -> dict:
@@ -665,7 +610,7 @@ def load_adapter(model, directory, *, name: str | None = None, activate: bool = 
     anything does not fit."""
     directory = Path(directory)
     record = read_adapter_config(directory)
-    check_module_config(directory, record)
+    check_record(directory, PART, record, keys=SEALED)  # adapter.json edited after saving
     encoder = encoder_of(model, GOES_ON)
     check_base_config(directory, record, encoder.config)
     if check_base and record.get("base_fingerprint") != base_fingerprint(encoder):
@@ -697,12 +642,12 @@ def load_adapter(model, directory, *, name: str | None = None, activate: bool = 
         if head_layer is None:
             raise InputError(f"{directory.resolve()}: its head does not fit this {type(model).__name__} (it has none)",
                              python="build the head the module was saved with: task_head(base, directory)")
-        _check_shapes(directory, head_layer, head_state, f"its head ({saved_class})")
+        check_fits(directory, head_layer, head_state, f"its head ({saved_class})")
     previous = task_names(model)
     add_adapter(model, name, kind, activate=False, **kwargs)
     container = _container(encoder, create=False)
     try:
-        _check_shapes(directory, container.tasks[name], task_state, f"the {kind} module")
+        check_fits(directory, container.tasks[name], task_state, f"the {kind} module")
         container.tasks[name].load_state_dict({k: v.to(encoder.device) for k, v in task_state.items()})
     except (InputError, RuntimeError) as error:
         remove_adapter(model, name)
@@ -726,7 +671,7 @@ def task_head(base, directory, *, activate: bool = True, name: str | None = None
     from ..models import heads
 
     record = read_adapter_config(directory)
-    check_module_config(directory, record)
+    check_record(directory, PART, record, keys=SEALED)  # adapter.json edited after saving
     info = record.get("head")
     if not info:
         raise InputError(f"{Path(directory).resolve()}: this task module was saved without a head (from an encoder)")

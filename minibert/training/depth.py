@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import InputError
@@ -98,7 +96,8 @@ class ExitPrediction:
 class EarlyExit(nn.Module):
     """A BertForSequenceClassification with an exit after every block (see the module docstring)."""
 
-    EXITS_FILE = "early_exits.safetensors"
+    PART = "early_exits"  # early_exits.json (the settings) and early_exits.safetensors (the ramps): ``parts``
+    config_keys = ("pooling",)  # what the saved part records to build the exits again
 
     def __init__(self, model: BertForSequenceClassification, *, frozen: bool = True, seed: int = 0,
                  pooling: str = "mean"):
@@ -220,31 +219,28 @@ class EarlyExit(nn.Module):
         return labels, exits
 
     def save_pretrained(self, directory) -> None:
-        """The classifier's checkpoint (transformers loads it as a plain classifier) and the ramps beside it
-        in ``early_exits.safetensors``, written together (``textfiles.atomic_dir``: a kill leaves the old pair)."""
+        """The classifier's checkpoint (transformers loads it as a plain classifier) and, beside it, the exits
+        as a part (``parts``: early_exits.json and early_exits.safetensors), written together
+        (``textfiles.atomic_dir``: a kill leaves the old pair)."""
         from ..loading import CHECKPOINT_FILES
+        from ..parts import files, write_part
         from ..textfiles import atomic_dir
 
-        with atomic_dir(directory, replaced=CHECKPOINT_FILES) as tmp:
+        with atomic_dir(directory, replaced=CHECKPOINT_FILES + files(self.PART)) as tmp:
             self.model.save_pretrained(tmp)
-            save_file({k: v.detach().contiguous() for k, v in self.ramps.state_dict().items()},
-                      tmp / self.EXITS_FILE, metadata={"pooling": self.pooling})
+            write_part(tmp, self.PART, {k: getattr(self, k) for k in self.config_keys}, self.ramps.state_dict())
 
     @classmethod
     def from_pretrained(cls, directory) -> "EarlyExit":
-        model = BertForSequenceClassification.from_pretrained(directory)
-        path = Path(directory) / cls.EXITS_FILE
-        if not path.exists():
-            raise InputError(f"{directory} has no {cls.EXITS_FILE}: it is a plain classifier, not an early-exit one")
-        from safetensors import safe_open
+        from ..parts import check_fits, has_part, read_part
 
-        with safe_open(str(path), "pt") as f:
-            pooling = (f.metadata() or {}).get("pooling", "cls")
-        ee = cls(model, pooling=pooling)
-        state = load_file(path)
-        expected = ee.ramps.state_dict()
-        if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in expected):
-            raise InputError(f"{path} does not fit this model's {len(ee.ramps)} exits")
+        if not has_part(directory, cls.PART):
+            raise InputError(f"{directory} has no early exits ({cls.PART}.json and .safetensors): it is a plain "
+                             "classifier, not an early-exit one")
+        record, state = read_part(directory, cls.PART, what="an early-exit classifier")
+        model = BertForSequenceClassification.from_pretrained(directory)
+        ee = cls(model, **{k: record[k] for k in cls.config_keys if k in record})
+        check_fits(directory, ee.ramps, state, f"its {len(ee.ramps)} exits")
         ee.ramps.load_state_dict(state)
         return ee.eval()
 

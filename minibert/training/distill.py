@@ -37,6 +37,7 @@ student trains under bf16 autocast; for long embedding runs its vectors can be c
 
 from __future__ import annotations
 
+import logging
 import contextlib
 import random
 import time
@@ -60,6 +61,8 @@ from . import metrics
 from .data import _epoch_rows
 from .loop import History, epoch_reporter, fit
 from .settings import EmbeddingDistillConfig
+
+log = logging.getLogger(__name__)
 
 POOLINGS = ("mean", "cls", "max")
 
@@ -415,8 +418,7 @@ def embedding_agreement(teacher_vectors: torch.Tensor, student_vectors: torch.Te
 def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts: Sequence[str], *,
                        eval_texts: Sequence[str] | None = None,
                        config: EmbeddingDistillConfig = EmbeddingDistillConfig(),
-                       layer_map: dict[int, int] | None = None, out_dir=None,
-                       log: Callable[[str], None] | None = None) -> History:
+                       layer_map: dict[int, int] | None = None, out_dir=None) -> History:
     """Train ``student`` (in place) so that its pooled vectors (``config.pooling``, unit length with
     ``config.normalize``) match ``teacher``'s on ``texts``, with the loss and batches ``config`` sets
     (``EmbeddingDistillConfig``; ``layer_map``: student block -> teacher block for the hidden-state and
@@ -449,11 +451,10 @@ def distill_embeddings(teacher: BertModel, student: BertModel, tokenizer, texts:
     if config.cache_teacher:
         started = time.perf_counter()
         targets = encode_texts(teacher, tokenizer, texts, pooling=pooling, max_length=max_length)  # (N, H), fp32
-        if log is not None:
-            log(f"teacher vectors of {len(texts):,} texts computed once: {time.perf_counter() - started:.1f} s")
+        log.info(f"teacher vectors of {len(texts):,} texts computed once: {time.perf_counter() - started:.1f} s")
     batches = text_batches(tokenizer, texts, batch_size=config.batch_size, max_length=max_length, seed=config.seed,
                            group_by_length=config.group_by_length, targets=targets)
     with (contextlib.nullcontext() if student_dropout is None else dropout(student, student_dropout)):
         return fit(distiller, batches, config=config, evaluate=evaluate, metric="spearman" if evaluate else None,
-                   out_dir=out_dir, on_epoch_end=epoch_reporter(log, config.epochs, loss_digits=5))
+                   out_dir=out_dir, on_epoch_end=epoch_reporter(config.epochs, loss_digits=5))
 

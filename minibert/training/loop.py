@@ -35,6 +35,7 @@ evaluates and saves every k steps).
 
 from __future__ import annotations
 
+import logging
 import json
 import math
 import random
@@ -50,6 +51,8 @@ from torch import nn
 from ..errors import InputError
 from . import ddp
 from .settings import FitConfig  # noqa: F401  (the loop's settings; declared with the others, no torch there)
+
+log = logging.getLogger(__name__)
 
 
 # -------------------------------------------------------------------------------- optimiser pieces
@@ -518,15 +521,13 @@ def _bar(total: int, desc: str, enabled: bool):
     return bar
 
 
-def epoch_reporter(log: Callable[[str], None] | None, epochs: int, loss_digits: int = 4,
+def epoch_reporter(epochs: int, loss_digits: int = 4,
                    describe: Callable[[dict], str] | None = None) -> Callable[[dict], None]:
-    """``on_epoch_end`` for ``fit``: one line per epoch to ``log`` (nothing when it is None) -- the train loss,
-    the evaluation (``describe(eval)``, default every number with 4 decimals) and the seconds."""
+    """``on_epoch_end`` for ``fit``: one line per epoch to the log (``minibert.logs``) -- the train loss, the
+    evaluation (``describe(eval)``, default every number with 4 decimals) and the seconds."""
     def report(record):
-        if log is None:
-            return
         scores = record.get("eval") or {}
         shown = describe(scores) if describe is not None else ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
-        log(f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.{loss_digits}f}"
-            + (f", {shown}" if shown else "") + f", {record['seconds']:.1f} s")
+        log.info(f"epoch {record['epoch']}/{epochs}: train loss {record['train_loss']:.{loss_digits}f}"
+                 + (f", {shown}" if shown else "") + f", {record['seconds']:.1f} s")
     return report

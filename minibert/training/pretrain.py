@@ -29,12 +29,12 @@ the whole batch. Process 0 alone evaluates, logs and writes checkpoints.
 
 from __future__ import annotations
 
+import logging
 import json
 import math
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -48,6 +48,8 @@ from .loop import (STATE_FILE, TrainState, mixed_precision, parameter_groups, re
                    train)
 from .pretrain_data import Examples
 from .settings import PretrainConfig  # the loop's settings, declared with the others (no torch there)
+
+log = logging.getLogger(__name__)
 
 
 
@@ -137,7 +139,7 @@ def _save_checkpoint(out_dir: Path, state: TrainState, config: PretrainConfig, r
     return folder
 
 
-def _resume(state: TrainState, out_dir: Path, config: PretrainConfig, rank: int, world: int, steps: int, log) -> None:
+def _resume(state: TrainState, out_dir: Path, config: PretrainConfig, rank: int, world: int, steps: int) -> None:
     """``state`` as the newest checkpoint in ``out_dir`` left it (a warning when there is none): the same
     settings (but how often it logs, evaluates and saves), the same model, the same number of processes."""
     found = checkpoints(out_dir)
@@ -159,8 +161,8 @@ def _resume(state: TrainState, out_dir: Path, config: PretrainConfig, rank: int,
         raise InputError(f"resume: {found[-1]} was written by {len(saved['rng'])} process(es), this job has {world}")
     restore_model(state.model, saved)
     state.restore(saved, rank)
-    if log is not None and rank == 0:
-        log(f"resuming from {found[-1]} (step {state.step} of {steps})")
+    if rank == 0:
+        log.info(f"resuming from {found[-1]} (step {state.step} of {steps})")
 
 
 #: settings a resumed run may change (how often it logs, evaluates, saves; what it keeps)
@@ -169,8 +171,7 @@ CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", 
 
 # --------------------------------------------------------------------------------------------- the loop
 def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_dir, *,
-             eval_examples: Examples | None = None, resume: bool = False, tokenizer_source=None,
-             log: Callable[[str], None] | None = None) -> dict:
+             eval_examples: Examples | None = None, resume: bool = False, tokenizer_source=None) -> dict:
     """Train ``model`` (a ``BertForMaskedLM`` or ``BertForPreTraining``) on ``examples``; write checkpoints,
     ``log.jsonl`` and, at the end, the model itself into ``out_dir``. Returns the last evaluation (or the
     last training loss) with the steps, tokens and seconds. ``tokenizer_source``: a folder whose tokenizer
@@ -190,7 +191,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
     state = TrainState(model, optimizer, schedule(optimizer, int(config.warmup * steps), steps, config.schedule),
                        scaler)
     if resume:
-        _resume(state, out_dir, config, rank, world, steps, log)
+        _resume(state, out_dir, config, rank, world, steps)
     start = state.step
     trained = ddp.wrap(model, find_unused_parameters=not examples.nsp) if world > 1 else model
     log_path = out_dir / "log.jsonl"
@@ -200,7 +201,7 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
     keep_at = set(snapshot_steps(steps, config.snapshots))
     if rank == 0 and start == 0 and 0 in keep_at:
         _save_snapshot(out_dir, model, 0, tokenizer_source)
-    every = _EveryStep(state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source, log)
+    every = _EveryStep(state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source)
     every.last = _last_record(log_path) if start else {}  # a resumed run that has no step left keeps what it logged
     every.bar.update(start)
     train(state, _micro_batches(state, examples, config, steps, rank, world), _share_loss(rank, world), config,
@@ -250,11 +251,11 @@ def _share_loss(rank: int, world: int):
 
 class _EveryStep:
     """``train``'s ``after_step`` for pre-training: the examples consumed, and every k steps a log line
-    (``log.jsonl``; ``log``), a held-out evaluation, a snapshot, a checkpoint (process 0 writes)."""
+    (``log.jsonl``, and the log), a held-out evaluation, a snapshot, a checkpoint (process 0 writes)."""
 
-    def __init__(self, state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source, log):
+    def __init__(self, state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source):
         self.state, self.config, self.steps, self.out_dir, self.rank, self.world = state, config, steps, out_dir, rank, world
-        self.keep_at, self.eval_examples, self.tokenizer_source, self.log = keep_at, eval_examples, tokenizer_source, log
+        self.keep_at, self.eval_examples, self.tokenizer_source = keep_at, eval_examples, tokenizer_source
         self.window, self.last = _Window(), {}
         self.bar = _bar(steps, config.progress and rank == 0)
 
@@ -280,8 +281,7 @@ class _EveryStep:
             self.last = record
             with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
-            if self.log is not None:
-                self.log(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+            log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
         if done in self.keep_at and self.rank == 0:
             _save_snapshot(self.out_dir, state.model, done, self.tokenizer_source)
         if config.save_every and (done % config.save_every == 0 or end):

@@ -28,6 +28,7 @@ cut, so a run resumes exactly and N processes compute what one does.
 
 from __future__ import annotations
 
+import logging
 import hashlib
 import json
 import random
@@ -43,6 +44,8 @@ from ..errors import InputError
 from ..textfiles import atomic_dir, read_json, read_text
 from ..tools.batching import collate
 from ..tools.fingerprint import file_sha256
+
+log = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")  # where a document per line is split into sentences
@@ -115,7 +118,7 @@ class TokenStore:
                 f"{self.meta['sentences']:,} sentences)")
 
     @classmethod
-    def build(cls, files: Sequence, tokenizer, folder, *, progress: bool = True, log=None) -> "TokenStore":
+    def build(cls, files: Sequence, tokenizer, folder, *, progress: bool = True) -> "TokenStore":
         """The store of ``files`` tokenised by ``tokenizer`` in ``folder``: reused when it exists and was
         made from the same files (sha256) with the same vocabulary; refused when the vocabulary differs;
         otherwise built (written atomically) and returned."""
@@ -133,11 +136,9 @@ class TokenStore:
                 raise InputError(f"the token store {folder} was made with another vocabulary (or lowercasing); "
                                  "its ids would mean other tokens: give another store folder, or delete it")
             if [s["sha256"] for s in meta.get("sources", [])] == [s["sha256"] for s in sources]:
-                if log is not None:
-                    log(f"reusing the token store {folder} ({meta['tokens']:,} tokens)")
+                log.info(f"reusing the token store {folder} ({meta['tokens']:,} tokens)")
                 return cls(folder)
-            if log is not None:
-                log(f"the corpus files changed since {folder} was built: building it again")
+            log.info(f"the corpus files changed since {folder} was built: building it again")
         dtype = "uint16" if len(tokenizer.vocab) <= 65535 else "int32"
         sep = tokenizer.vocab[tokenizer.sep_token]
         with atomic_dir(folder, replaced=("*",)) as tmp:
@@ -173,9 +174,8 @@ class TokenStore:
                     "documents": len(documents), "sentences": len(sentences), "vocabulary_sha256": vocab,
                     "vocab_size": len(tokenizer.vocab), "sources": sources}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if log is not None:
-            log(f"built the token store {folder}: {count:,} tokens, {len(documents):,} documents, "
-                f"{len(sentences):,} sentences")
+        log.info(f"built the token store {folder}: {count:,} tokens, {len(documents):,} documents, "
+                 f"{len(sentences):,} sentences")
         return cls(folder)
 
     # ------------------------------------------------------------------------------------ examples

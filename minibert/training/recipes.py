@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..analysis.layers import ScalarMix
@@ -53,11 +51,11 @@ class ScalarMixClassifier(nn.Module):
         logits = W mean_t(gamma * sum_k softmax(w)_k h_k,t) + b
 
     Only the mix (L + 2 numbers) and W, b train; ``mix.weights`` then says which layers the task reads.
-    Saved as the encoder's checkpoint plus ``scalarmix_head.safetensors``. The encoder given is left as it
+    Saved as the encoder's checkpoint plus the ``scalarmix_head`` part (``parts``: .json and .safetensors). The encoder given is left as it
     was: the classifier freezes a copy of it, or -- ``share_encoder=True``, when the caller hands it over
     (the finetune pipeline, ``from_pretrained``) -- the encoder itself, with no copy."""
 
-    HEAD_FILE = "scalarmix_head.safetensors"
+    PART = "scalarmix_head"  # the mix and the classifier beside the encoder's checkpoint (``parts``)
 
     def __init__(self, encoder, labels, *, problem_type=None, seed: int = 0, share_encoder: bool = False):
         super().__init__()
@@ -96,27 +94,29 @@ class ScalarMixClassifier(nn.Module):
         from ..loading import CHECKPOINT_FILES
         from ..textfiles import atomic_dir
 
-        with atomic_dir(directory, replaced=CHECKPOINT_FILES) as tmp:
+        from ..parts import files, write_part
+
+        with atomic_dir(directory, replaced=CHECKPOINT_FILES + files(self.PART)) as tmp:
             self.bert.save_pretrained(tmp)
             self.config.to_json_file(tmp / "config.json")  # the encoder's config, with id2label
-            save_file({name: p.detach().contiguous() for name, p in
-                       [("mix.scalar_parameters", self.mix.scalar_parameters), ("mix.gamma", self.mix.gamma),
-                        ("classifier.weight", self.classifier.weight), ("classifier.bias", self.classifier.bias)]},
-                      tmp / self.HEAD_FILE)
+            write_part(tmp, self.PART, {"layers": len(self.mix.scalar_parameters)}, self._head().state_dict())
+
+    def _head(self) -> nn.Module:
+        """What trains here, as one module: the mix and the classifier (the encoder is frozen and saved apart)."""
+        return nn.ModuleDict({"mix": self.mix, "classifier": self.classifier})
 
     @classmethod
     def from_pretrained(cls, directory, *, dtype=None, device=None):
         """The classifier ``save_pretrained`` wrote; ``dtype`` / ``device`` as ``BertModel.from_pretrained``
         (the mix and the classifier follow the encoder; they stay fp32 beside an int8 encoder)."""
+        from ..parts import check_fits, read_part
+
+        _, state = read_part(directory, cls.PART, what="a ScalarMix classifier")
         encoder = BertModel.from_pretrained(directory, dtype=dtype, device=device)
-        head = load_file(Path(directory) / cls.HEAD_FILE)
         model = cls(encoder, [encoder.config.id2label[i] for i in range(len(encoder.config.id2label))],
                     problem_type=encoder.config.problem_type, share_encoder=True)
-        model.mix.to(device=encoder.device, dtype=encoder.dtype)
-        model.classifier.to(device=encoder.device, dtype=encoder.dtype)
-        with torch.no_grad():
-            model.mix.scalar_parameters.copy_(head["mix.scalar_parameters"])
-            model.mix.gamma.copy_(head["mix.gamma"])
-            model.classifier.weight.copy_(head["classifier.weight"])
-            model.classifier.bias.copy_(head["classifier.bias"])
+        head = model._head()
+        check_fits(directory, head, state, "its mix and classifier")
+        head.load_state_dict(state)
+        head.to(device=encoder.device, dtype=encoder.dtype)
         return model.eval()
