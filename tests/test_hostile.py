@@ -408,6 +408,64 @@ torch.save(model.state_dict(), os.path.join(out, "final.pt"))
 """
 
 
+KINDS = """
+import os, signal, sys, torch
+from minibert import BertConfig, BertForSequenceClassification, BertModel
+from minibert.training.depth import EarlyExit
+from minibert.training.distill import EmbeddingDistiller, init_student
+from minibert.training.loop import FitConfig, fit
+kind, mode, out = sys.argv[1], sys.argv[2], sys.argv[3]
+torch.manual_seed(0)
+config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32,
+                    hidden_dropout_prob=0.2, id2label={0: "a", 1: "b"})
+if kind == "distill":  # a student of two blocks learns a teacher's mean-pooled vectors (the loss: the distiller's)
+    teacher = BertModel(config).eval()  # the attention term runs the readable teacher, not the fast path, whose
+    # fp32 kernel is chosen by timing the first time a machine meets a geometry (then kept for every process)
+    model = EmbeddingDistiller(teacher, init_student(teacher, [0, 2]), similarity_weight=0.5, hidden_weight=0.1,
+                               attention_weight=0.1)
+else:  # early exits trained with the classifier (PABEE's joint loss)
+    model = EarlyExit(BertForSequenceClassification(config), frozen=False, pooling="mean")
+data = torch.Generator().manual_seed(1)
+ids, labels = torch.randint(1, 50, (24, 6), generator=data), torch.randint(0, 2, (24,), generator=data)
+mask = (torch.arange(6)[None, :] < torch.randint(2, 7, (24, 1), generator=data)).long()
+
+def batches(epoch):
+    order = torch.randperm(24, generator=torch.Generator().manual_seed(epoch))
+    for i in range(0, 24, 6):
+        if mode == "kill" and epoch == 2 and i == 12:
+            os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the third epoch
+        rows = order[i:i + 6]
+        yield {"input_ids": ids[rows], "attention_mask": mask[rows], **({"labels": labels[rows]} if kind == "exits" else {})}
+
+fit(model, batches, config=FitConfig(epochs=4, lr=1e-2, accumulate=2, progress=False, resume=mode == "resume"),
+    out_dir=out, save=lambda m, d: None)
+torch.save(model.state_dict(), os.path.join(out, "final.pt"))
+"""
+
+
+@pytest.mark.parametrize("kind", ["distill", "exits"])
+def test_every_kind_of_run_resumes_bit_for_bit(tmp_path, kind):
+    """Distillation and early exits train through the same loop with their own loss: killed by SIGKILL in
+    the middle of the third epoch and resumed, each ends with the uninterrupted run's weights, bit for bit."""
+    import signal
+    import subprocess
+    import sys
+
+    def run(mode, out):
+        return subprocess.run([sys.executable, "-c", KINDS, kind, mode, str(out)], capture_output=True, text=True,
+                              timeout=300)
+
+    assert run("full", tmp_path / "full").returncode == 0
+    assert run("kill", tmp_path / "cut").returncode == -signal.SIGKILL
+    resumed = run("resume", tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr
+    full, cut = (torch.load(tmp_path / d / "final.pt") for d in ("full", "cut"))
+    assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
+    losses = [[e["train_loss"] for e in json.loads((tmp_path / d / "metrics.json").read_text())["epochs"]]
+              for d in ("full", "cut")]
+    assert losses[0] == losses[1] and len(losses[0]) == 4 and losses[0][-1] < losses[0][0], losses
+
+
 def test_a_killed_run_resumes_to_the_same_weights_bit_for_bit(tmp_path):
     """fit with dropout, gradient accumulation, a schedule and a recipe that rebuilds the optimizer, killed
     by SIGKILL in the middle of its third epoch and started again with resume=True, ends with exactly the
