@@ -7,7 +7,7 @@
 
 Steps (``--steps``, all by default), each skipped once the time box is spent (the page says which):
 
-* ``test``: ``tests/test_cuda_fast.py`` (the GPU route against the readable path and transformers).
+* ``test``: ``tests/tools/test_fast_cuda.py`` (the GPU route against the readable path and transformers).
 * ``batches``: five batches -- 1 x 16; 32 x 128 dense; 128 x 128 about half real tokens; 16 x 512 dense;
   256 x 256 at 35 % real tokens -- in bf16, fp16 and fp32, BERT-base geometry (random weights that
   transformers builds and saves): transformers' ``BertModel`` (sdpa); minibert's readable model; the fast
@@ -253,7 +253,7 @@ def page(result: dict) -> str:
              + f", Python {about['python']}. Command: `{result['command']}` ({result['seconds']:.0f} s"
              + (f"; stopped by the time box before: {', '.join(result['skipped'])}" if result["skipped"] else "") + ").", ""]
     if result.get("test") is not None:
-        lines += [f"`tests/test_cuda_fast.py`: {result['test']}", ""]
+        lines += [f"`tests/tools/test_fast_cuda.py`: {result['test']}", ""]
     if result["batches"]:
         names = list(result["batches"][0]["ratio"])
         names = sorted({k for r in result["batches"] for k in r["ratio"]}, key=lambda k: (k not in names, names.index(k) if k in names else 0))
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     result = {"command": command.strip(), "machine": machine(device), "batches": [], "memory": None, "embed": [],
               "routes": {}, "test": None, "skipped": []}
     if "test" in steps and not args.dry:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda_fast.py"],
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/tools/test_fast_cuda.py"],
                            cwd=ROOT, capture_output=True, text=True)
         result["test"] = (r.stdout.strip().splitlines() or ["no output"])[-1]
         print("test:", result["test"], flush=True)

@@ -12,7 +12,7 @@ Parts (``--parts``, comma-separated; each adds to benchmarks/results/<name>.json
            LoRA (this environment) and AdapterHub's Houlsby, Pfeiffer and prefix (its own environment,
            tools/adapter_references.py builds it; ours runs there too, alternating in one process). peft's
            prefix-tuning does not run on BertForSequenceClassification with transformers 5.x ("Model does not
-           support past key values"); on BertModel it does, and tests/test_adapters.py compares with it there
+           support past key values"); on BertModel it does, and tests/training/test_adapters.py compares with it there
   refquality  the reference implementations trained as ours are (TREC-6, seed 0): accuracy next to ours
   memory   one base + 5 task modules with their heads in memory, against 5 whole fine-tuned models (RSS of a
            fresh process each, and the parameter bytes)

@@ -7,7 +7,7 @@ Steps (``--steps``, in this order; each writes its results to ``--out`` as it en
 * ``prepare`` (here, with the data fetched): ``--data`` gets the vocabulary, the token store of the reachable
   corpus (``bench_pretrain.corpus_files_for_runs``), the held-out sentences, the TREC-6 split of the sweep
   (``bench_pretrain.trec_dev_split``) and 2,400 training sentences for the CUDA test.
-* ``test``: tests/test_pretraining.py's CUDA test (``--device cuda``, fp16, bf16, fine-tuning) on those sentences.
+* ``test``: tests/runs/test_pretrain.py's CUDA test (``--device cuda``, fp16, bf16, fine-tuning) on those sentences.
 * ``throughput``: ``bench_pretrain.throughput_rows`` on the GPU: one optimiser step of ours against
   transformers' ``BertForMaskedLM``, fp32 / bf16 / fp16 autocast, tiny and mini at 128 x 128 tokens, base at 64 x 128.
 * ``runs``: BERT-mini from scratch twice at once, BERT itself (decoder tied to the embeddings) and the untied
@@ -239,7 +239,7 @@ def markdown(r: dict) -> str:
              "gives the commands). One GPU, one session: the ratios are this GPU's with these versions, not a "
              "general figure; the CPU pages are [pre-training on an AMD EPYC Zen 4](pretrain-epyc-zen4.md).", ""]
     if "test" in r:
-        lines += [f"The CUDA test (`{r['test']['passed']}` in tests/test_pretraining.py: `--device cuda` gives "
+        lines += [f"The CUDA test (`{r['test']['passed']}` in tests/runs/test_pretrain.py: `--device cuda` gives "
                   "the CPU's losses within 1e-3 relative from the same initialisation, data and masks; fp16 with "
                   "loss scaling and bf16 train; the checkpoints load on the CPU; a classifier fine-tunes on the GPU) "
                   f"passed in {r['test']['seconds']:.0f} s. CI has no GPU: there the test is skipped.", ""]

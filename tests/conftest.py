@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +14,15 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"  # the tests' own files (fixtures another library made, a CoNLL-U sample)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 transformers = pytest.importorskip("transformers")  # the parity reference (the `test` extra)
+
+from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # noqa: E402
+from minibert.training.data import classification_batches  # noqa: E402
+from minibert.training.loop import FitConfig, fit  # noqa: E402
 
 # the parity tool's built-in inputs (minibert.analysis.parity) serve the tests too: five plain sentences
 # (no long text, accents or non-Latin script: those have tests of their own) and the sentence pairs
@@ -201,3 +208,186 @@ def random_batch_for(geometry: dict, lengths=(7, 4, 2), seed=0) -> dict:
     ids = torch.randint(1, geometry["vocab_size"], (len(lengths), T), generator=g)
     mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
     return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+# the MiniLM model and a batch: the hook, surgery and accounting tests (tests/tools/)
+
+
+@pytest.fixture(scope="module")
+def model(minilm_dir):
+    return BertModel.from_pretrained(minilm_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def batch(minilm_dir):
+    tok = BertTokenizer.from_pretrained(minilm_dir)
+    return dict(tok([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True, return_tensors="pt"))
+
+
+def run_model(model, batch, **kw):
+    with torch.no_grad():
+        return model(**batch, **kw)
+
+
+def assert_same_output(a, b):
+    for x, y in zip(a.hidden_states, b.hidden_states, strict=True):
+        assert torch.equal(x, y)
+    assert torch.equal(a.pooler_output, b.pooler_output)
+
+
+# a tiny encoder and a classifier fine-tuned on a toy task: distillation, depth and exits (training/, runs/)
+
+
+TINY_CLASSIFIER = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+GOOD = ["good", "great", "fine", "nice", "happy"]
+
+
+BAD = ["bad", "awful", "poor", "sad", "terrible"]
+
+
+def toy(n=64, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for i in range(n):
+        word = rng.choice(GOOD if i % 2 == 0 else BAD)
+        texts.append(f"the {rng.choice(['day', 'meal', 'trip'])} was {word} and {rng.choice(['long', 'short'])}")
+        labels.append("pos" if i % 2 == 0 else "neg")
+    return texts, labels
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_dir(tmp_path_factory, minilm_dir):
+    directory = tmp_path_factory.mktemp("tiny_encoder")
+    random_hf_model(hf_config(**TINY_CLASSIFIER), seed=5).save_pretrained(directory)
+    shutil.copy(minilm_dir / "vocab.txt", directory / "vocab.txt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_teacher_dir(tmp_path_factory, tiny_encoder_dir):
+    """A 4-block classifier fine-tuned on the toy task (it learns it), saved with its tokenizer."""
+    directory = tmp_path_factory.mktemp("tiny_teacher")
+    tok = BertTokenizer.from_pretrained(tiny_encoder_dir)
+    texts, labels = toy(64)
+    model = BertForSequenceClassification.from_encoder(tiny_encoder_dir, labels=["neg", "pos"], seed=0)
+    batches = classification_batches(tok, texts, [["neg", "pos"].index(y) for y in labels], batch_size=8,
+                                     max_length=16)
+    fit(model, batches, config=FitConfig(epochs=8, lr=3e-3, progress=False))
+    model.save_pretrained(directory)
+    shutil.copy(tiny_encoder_dir / "vocab.txt", directory / "vocab.txt")
+    predicted = [p["label"] for p in model.predict(texts, tokenizer=tok)]
+    assert sum(p == y for p, y in zip(predicted, labels)) / len(labels) >= 0.9  # the teacher knows the task
+    return directory
+
+
+# a corpus of real sentences and a pre-training checkpoint: the heads, the data, the loop, the command
+
+
+TINY_PRETRAIN = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+@pytest.fixture(scope="module")
+def pretraining_dir(tmp_path_factory, minilm_dir):
+    """A random BertForPreTraining saved by transformers (MLM and NSP heads), with MiniLM's vocabulary."""
+    directory = tmp_path_factory.mktemp("bert_pretraining")
+    random_hf_model(hf_config(**TINY_PRETRAIN), seed=4, cls=transformers.BertForPreTraining).save_pretrained(directory)
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, directory / name)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sentences_dir):
+    """Real English sentences (VADER), as documents of 1-4 sentences separated by blank lines."""
+    lines = [s for s in (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n") if s.strip()][:2400]
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "train.txt").write_text(as_documents(lines), encoding="utf-8")
+    held = [s for s in (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n") if s.strip()][:200]
+    (folder / "held.txt").write_text("\n".join(held) + "\n", encoding="utf-8")
+    return folder
+
+
+def as_documents(lines: list[str]) -> str:
+    """Sentences (one a line) as a corpus file's text: documents of 1-4 sentences separated by blank lines."""
+    blocks = ["\n".join(lines[i:i + 1 + j % 4]) for j, i in enumerate(range(0, len(lines), 4))]
+    return "\n\n".join(blocks) + "\n"
+
+
+def pretraining_batch(vocab=30522, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, 9:] = 0
+    labels = torch.full_like(ids, -100)
+    chosen = torch.rand(ids.shape, generator=g) < 0.3
+    chosen &= mask.bool()
+    labels[chosen] = ids[chosen]
+    types = (torch.arange(12) >= 6).long().expand(3, 12) * mask
+    return dict(input_ids=ids, attention_mask=mask, token_type_ids=types), labels, torch.tensor([0, 1, 1])
+
+
+# a tiny encoder and a toy task: the loop, the recipes and LoRA (tests/training/)
+
+
+TINY_FINETUNE = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+WORDS_GOOD = ["good", "great", "fine", "nice", "happy"]
+
+
+WORDS_BAD = ["bad", "awful", "poor", "sad", "terrible"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, minilm_dir):
+    """A tiny 3-class classifier saved by transformers, dropout off, MiniLM's vocabulary beside it."""
+    directory = tmp_path_factory.mktemp("tiny_classifier")
+    config = hf_config(**TINY_FINETUNE, id2label={0: "a", 1: "b", 2: "c"}, label2id={"a": 0, "b": 1, "c": 2},
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    random_hf_model(config, seed=7, cls=transformers.BertForSequenceClassification).save_pretrained(directory)
+    shutil.copy(minilm_dir / "vocab.txt", directory / "vocab.txt")
+    return directory
+
+
+def a_batch(tiny_dir):
+    tok = BertTokenizer.from_pretrained(tiny_dir)
+    batch = dict(tok(["the bank approved it", "no", "a river bank in spring time"], ["yes", "maybe so", "ok"],
+                     padding=True, return_tensors="pt"))
+    batch["labels"] = torch.tensor([2, 0, 1])
+    return batch
+
+
+def toy_task(n=48, seed=0):
+    """Sentences with a "good" or a "bad" word in them: label 1 or 0."""
+    import random
+
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for i in range(n):
+        good = i % 2 == 0
+        word = rng.choice(WORDS_GOOD if good else WORDS_BAD)
+        texts.append(f"the day was {word} and the food was {rng.choice(['hot', 'cold', 'warm'])}")
+        labels.append(int(good))
+    return texts, labels
+
+
+# labelled rows of a toy sentiment task, as a finetune CSV
+def toy_rows(n, seed):
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        good = i % 2 == 0
+        word = rng.choice(["good", "great", "fine", "nice"] if good else ["bad", "awful", "poor", "sad"])
+        rows.append({"text": f"the day was {word} and {rng.choice(['hot', 'cold'])}", "label": "pos" if good else "neg"})
+    return rows
+
+
+def write_csv(path, rows):
+    path.write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows), encoding="utf-8")
+    return path

@@ -210,6 +210,24 @@ def test_architecture_md_names_every_module_and_test_file():
     assert not tests, f"test files ARCHITECTURE.md's table does not list: {tests}"
 
 
+def test_tests_mirror_the_package():
+    """The test of minibert/<layer>/<module>.py is tests/<layer>/test_<module>.py (core: tests/core/), a
+    second file of one module a suffix (test_fast_cuda.py): a test file named for no module of its layer,
+    or in a folder that is no layer, is refused."""
+    wrong = []
+    for path in sorted((ROOT / "tests").glob("*/test_*.py")):
+        folder = path.parent.name
+        source = PACKAGE if folder == "core" else PACKAGE / folder
+        if folder == "front" or folder not in {*RANK, "cli", "testing"} or not source.is_dir():
+            wrong.append(f"{path.relative_to(ROOT)}: tests/{folder}/ is not a layer")
+            continue
+        modules = {p.stem for p in source.glob("*.py") if p.stem not in ("__init__", "__main__")} | {folder}
+        stem = path.stem[len("test_"):]
+        if not any(stem == m or stem.startswith(m + "_") for m in modules):
+            wrong.append(f"{path.relative_to(ROOT)}: no module {stem!r} in {source.relative_to(ROOT)}")
+    assert not wrong, "; ".join(wrong)
+
+
 def test_one_training_loop():
     """Every run trains through ``training.loop.train``: no other module calls ``backward`` or steps an
     optimiser (a linear probe's L-BFGS fit in analysis/probing is a measurement, not a run)."""

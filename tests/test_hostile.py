@@ -379,52 +379,23 @@ def test_a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint(tmp_pa
 
 RUN = """
 import os, signal, sys, torch
-from minibert import BertConfig, BertForSequenceClassification
-from minibert.training.loop import FitConfig, fit
-mode, out = sys.argv[1], sys.argv[2]
-torch.manual_seed(0)
-config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                    hidden_dropout_prob=0.2, id2label={0: "a", 1: "b"})
-model = BertForSequenceClassification(config)
-data = torch.Generator().manual_seed(1)
-ids, labels = torch.randint(1, 50, (24, 6), generator=data), torch.randint(0, 2, (24,), generator=data)
-
-def batches(epoch):
-    order = torch.randperm(24, generator=torch.Generator().manual_seed(epoch))
-    for i in range(0, 24, 6):
-        if mode == "kill" and epoch == 2 and i == 12:
-            os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the third epoch
-        rows = order[i:i + 6]
-        yield {"input_ids": ids[rows], "labels": labels[rows]}
-
-def unfreeze(m, epoch):  # the embeddings train from the third epoch on: the optimizer is rebuilt then
-    for p in m.bert.embeddings.parameters():
-        p.requires_grad_(epoch >= 2)
-
-evaluate = lambda m: {"score": float(sum(p.double().sum() for p in m.parameters()))}
-fit(model, batches, config=FitConfig(epochs=4, lr=1e-2, accumulate=2, progress=False, resume=mode == "resume"),
-    evaluate=evaluate, metric="score", out_dir=out, on_epoch_start=unfreeze, save=lambda m, d: None)
-torch.save(model.state_dict(), os.path.join(out, "final.pt"))
-"""
-
-
-KINDS = """
-import os, signal, sys, torch
 from minibert import BertConfig, BertForSequenceClassification, BertModel
 from minibert.training.depth import EarlyExit
 from minibert.training.distill import EmbeddingDistiller, init_student
 from minibert.training.loop import FitConfig, fit
 kind, mode, out = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
-config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32,
-                    hidden_dropout_prob=0.2, id2label={0: "a", 1: "b"})
+config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3 if kind != "classifier" else 2,
+                    num_attention_heads=2, intermediate_size=32, hidden_dropout_prob=0.2, id2label={0: "a", 1: "b"})
 if kind == "distill":  # a student of two blocks learns a teacher's mean-pooled vectors (the loss: the distiller's)
     teacher = BertModel(config).eval()  # the attention term runs the readable teacher, not the fast path, whose
     # fp32 kernel is chosen by timing the first time a machine meets a geometry (then kept for every process)
     model = EmbeddingDistiller(teacher, init_student(teacher, [0, 2]), similarity_weight=0.5, hidden_weight=0.1,
                                attention_weight=0.1)
-else:  # early exits trained with the classifier (PABEE's joint loss)
+elif kind == "exits":  # early exits trained with the classifier (PABEE's joint loss)
     model = EarlyExit(BertForSequenceClassification(config), frozen=False, pooling="mean")
+else:
+    model = BertForSequenceClassification(config)
 data = torch.Generator().manual_seed(1)
 ids, labels = torch.randint(1, 50, (24, 6), generator=data), torch.randint(0, 2, (24,), generator=data)
 mask = (torch.arange(6)[None, :] < torch.randint(2, 7, (24, 1), generator=data)).long()
@@ -435,31 +406,51 @@ def batches(epoch):
         if mode == "kill" and epoch == 2 and i == 12:
             os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the third epoch
         rows = order[i:i + 6]
-        yield {"input_ids": ids[rows], "attention_mask": mask[rows], **({"labels": labels[rows]} if kind == "exits" else {})}
+        if kind == "classifier":
+            yield {"input_ids": ids[rows], "labels": labels[rows]}
+        else:
+            yield {"input_ids": ids[rows], "attention_mask": mask[rows],
+                   **({"labels": labels[rows]} if kind == "exits" else {})}
 
-fit(model, batches, config=FitConfig(epochs=4, lr=1e-2, accumulate=2, progress=False, resume=mode == "resume"),
-    out_dir=out, save=lambda m, d: None)
+def unfreeze(m, epoch):  # the embeddings train from the third epoch on: the optimizer is rebuilt then
+    for p in m.bert.embeddings.parameters():
+        p.requires_grad_(epoch >= 2)
+
+config = FitConfig(epochs=4, lr=1e-2, accumulate=2, progress=False, resume=mode == "resume")
+if kind == "classifier":
+    evaluate = lambda m: {"score": float(sum(p.double().sum() for p in m.parameters()))}
+    fit(model, batches, config=config, evaluate=evaluate, metric="score", out_dir=out, on_epoch_start=unfreeze,
+        save=lambda m, d: None)
+else:
+    fit(model, batches, config=config, out_dir=out, save=lambda m, d: None)
 torch.save(model.state_dict(), os.path.join(out, "final.pt"))
 """
+
+
+def killed_and_resumed(tmp_path, kind: str) -> tuple[dict, dict]:
+    """The final weights of a run of ``kind`` left alone and of the same run killed by SIGKILL in the
+    middle of its third epoch and started again with resume=True (``RUN``; the folders: full/, cut/)."""
+    import signal
+    import subprocess
+    import sys
+
+    def run(mode, out):
+        return subprocess.run([sys.executable, "-c", RUN, kind, mode, str(out)], capture_output=True, text=True,
+                              timeout=300)
+
+    assert run("full", tmp_path / "full").returncode == 0
+    assert run("kill", tmp_path / "cut").returncode == -signal.SIGKILL
+    assert (tmp_path / "cut" / "training_state.pt").exists()  # the state of the second epoch
+    resumed = run("resume", tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr
+    return tuple(torch.load(tmp_path / d / "final.pt") for d in ("full", "cut"))
 
 
 @pytest.mark.parametrize("kind", ["distill", "exits"])
 def test_every_kind_of_run_resumes_bit_for_bit(tmp_path, kind):
     """Distillation and early exits train through the same loop with their own loss: killed by SIGKILL in
     the middle of the third epoch and resumed, each ends with the uninterrupted run's weights, bit for bit."""
-    import signal
-    import subprocess
-    import sys
-
-    def run(mode, out):
-        return subprocess.run([sys.executable, "-c", KINDS, kind, mode, str(out)], capture_output=True, text=True,
-                              timeout=300)
-
-    assert run("full", tmp_path / "full").returncode == 0
-    assert run("kill", tmp_path / "cut").returncode == -signal.SIGKILL
-    resumed = run("resume", tmp_path / "cut")
-    assert resumed.returncode == 0, resumed.stderr
-    full, cut = (torch.load(tmp_path / d / "final.pt") for d in ("full", "cut"))
+    full, cut = killed_and_resumed(tmp_path, kind)
     assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
     losses = [[e["train_loss"] for e in json.loads((tmp_path / d / "metrics.json").read_text())["epochs"]]
               for d in ("full", "cut")]
@@ -470,21 +461,7 @@ def test_a_killed_run_resumes_to_the_same_weights_bit_for_bit(tmp_path):
     """fit with dropout, gradient accumulation, a schedule and a recipe that rebuilds the optimizer, killed
     by SIGKILL in the middle of its third epoch and started again with resume=True, ends with exactly the
     weights of the run that was never interrupted."""
-    import signal
-    import subprocess
-    import sys
-
-    def run(mode, out):
-        return subprocess.run([sys.executable, "-c", RUN, mode, str(out)], capture_output=True, text=True, timeout=300)
-
-    assert run("full", tmp_path / "full").returncode == 0
-    killed = run("kill", tmp_path / "cut")
-    assert killed.returncode == -signal.SIGKILL
-    assert (tmp_path / "cut" / "training_state.pt").exists()  # the state of the second epoch
-    resumed = run("resume", tmp_path / "cut")
-    assert resumed.returncode == 0, resumed.stderr
-    full = torch.load(tmp_path / "full" / "final.pt")
-    cut = torch.load(tmp_path / "cut" / "final.pt")
+    full, cut = killed_and_resumed(tmp_path, "classifier")
     assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
     history = [json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("full", "cut")]
     assert [e["train_loss"] for e in history[0]["epochs"]] == [e["train_loss"] for e in history[1]["epochs"]]

@@ -6,7 +6,7 @@ is ``minibert finetune ... --batch-size 32`` in one process, split over two: eve
 same global batch of ``batch_size x N`` rows (same seed), keeps its own contiguous slice of the rows, and
 PyTorch's DistributedDataParallel averages the gradients (gloo on CPU, NCCL on CUDA) before each
 optimiser step, so every replica takes the same step -- the step one process takes on the whole batch
-(``tests/test_ddp.py`` holds the weights equal to 1e-5). Each replica's loss is rescaled by its share of
+(``tests/training/test_ddp.py`` holds the weights equal to 1e-5). Each replica's loss is rescaled by its share of
 the batch's examples (tagging: of its labelled tokens), so uneven slices average exactly too.
 
 Dropout draws differ between one process and N (each draws for its own rows), so the two runs agree

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from conftest import hf_config, random_hf_model, transformers
+from conftest import hf_config, random_hf_model, toy_rows, transformers, write_csv
 from minibert import BertForSequenceClassification, InputError
 from minibert.cli import main
 from minibert.training import metrics
@@ -26,21 +26,6 @@ def encoder_dir(tmp_path_factory, minilm_dir):
     for name in ("vocab.txt", "tokenizer_config.json"):
         shutil.copy(minilm_dir / name, directory / name)
     return directory
-
-
-def toy_rows(n, seed):
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        good = i % 2 == 0
-        word = rng.choice(["good", "great", "fine", "nice"] if good else ["bad", "awful", "poor", "sad"])
-        rows.append({"text": f"the day was {word} and {rng.choice(['hot', 'cold'])}", "label": "pos" if good else "neg"})
-    return rows
-
-
-def write_csv(path, rows):
-    path.write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows), encoding="utf-8")
-    return path
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -128,7 +113,7 @@ def test_each_recipe_runs_and_saves_a_loadable_checkpoint(encoder_dir, tmp_path,
         capsys.readouterr()
         assert main(["predict", str(tmp_path / recipe), str(tmp_path / "new.txt")]) == 0
         assert capsys.readouterr().out.split("\t")[0] in ("neg", "pos")
-    elif recipe == "lora":  # a task module and its head, on the base it names (tests/test_adapters.py)
+    elif recipe == "lora":  # a task module and its head, on the base it names (tests/training/test_adapters.py)
         from minibert import BertModel
         from minibert.training.adapters import task_head
 

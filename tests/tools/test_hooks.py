@@ -1,46 +1,18 @@
-"""Internals (issue 5): named hook points, the activation cache, interventions, surgery and accounting.
-
-Most tests run the real all-MiniLM-L6-v2 weights on a padded batch of sentence pairs; the parameter
-counts are checked against transformers' own BertModel for BERT-base geometry.
-"""
+"""minibert/tools/hooks.py: hook points (reading, replacing, caching), interventions (head ablation, patching,
+skipped blocks) and the README's worked example."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from conftest import BASE, PAIRS, hf_config, transformers
-from minibert import BertConfig, BertModel, BertTokenizer
+from conftest import assert_same_output, run_model as run
+from minibert import BertTokenizer
 from minibert.hookpoints import HookPoint
 from minibert.tools import hooks as H
-from minibert.tools import surgery as S
-from minibert.tools.accounting import BLOCK_PARTS, activation_memory, flops_per_token, forward_flops, parameter_counts
 from minibert.tools.hooks import point_table
 
 
-@pytest.fixture(scope="module")
-def model(minilm_dir):
-    return BertModel.from_pretrained(minilm_dir).eval()
-
-
-@pytest.fixture(scope="module")
-def batch(minilm_dir):
-    tok = BertTokenizer.from_pretrained(minilm_dir)
-    return dict(tok([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True, return_tensors="pt"))
-
-
-def run(model, batch, **kw):
-    with torch.no_grad():
-        return model(**batch, **kw)
-
-
-def assert_same_output(a, b):
-    for x, y in zip(a.hidden_states, b.hidden_states, strict=True):
-        assert torch.equal(x, y)
-    assert torch.equal(a.pooler_output, b.pooler_output)
-
-
-# ------------------------------------------------------------------------------------------ hook points
 def test_identity_and_reading_hooks_change_nothing_bitwise(model, batch):
     # hooks away from the attention scores and probabilities: the fused path runs, bit for bit the same
     plain = run(model, batch)
@@ -159,7 +131,6 @@ def test_bad_hook_names_and_replacements_are_refused(model, batch):
     assert all(not m.fns for m in model.modules() if isinstance(m, HookPoint)) and HookPoint.registered == 0
 
 
-# ---------------------------------------------------------------------------------------- interventions
 def test_head_ablation_equals_zeroing_the_head_context(model, batch):
     heads = {1: [0, 7], 4: [3]}
     with H.ablate_heads(model, heads):
@@ -234,150 +205,6 @@ def test_skip_blocks_and_early_exit(model, batch):
         run(model, batch, num_blocks=7)
     with pytest.raises(ValueError, match=r"skip_blocks entry=6 is out of range"):
         run(model, batch, skip_blocks=[6])
-
-
-# --------------------------------------------------------------------------------------------- surgery
-def test_truncated_model_equals_the_first_hidden_states(model, batch, tmp_path):
-    full = run(model, batch)
-    small = S.truncate(model, 2)
-    assert small.config.num_hidden_layers == 2 and model.config.num_hidden_layers == 6
-    out = run(small, batch)
-    assert len(out.hidden_states) == 3
-    for i in range(3):
-        assert torch.equal(out.hidden_states[i], full.hidden_states[i])
-    # every other block == the full model with the others skipped
-    student = S.keep_blocks(model, range(1, 6, 2))
-    skipped = run(model, batch, skip_blocks=[0, 2, 4])
-    assert torch.equal(run(student, batch).last_hidden_state, skipped.last_hidden_state)
-    # save and reload, in minibert and in transformers
-    student.save_pretrained(tmp_path)
-    again = BertModel.from_pretrained(tmp_path)
-    assert_same_output(run(again, batch), run(student, batch))
-    reference = transformers.BertModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert reference.config.num_hidden_layers == 3
-    with torch.no_grad():
-        ref = reference(**batch)
-    valid = batch["attention_mask"].bool()
-    diff = (ref.last_hidden_state - run(student, batch).last_hidden_state)[valid].abs().max()
-    assert diff <= 1e-5
-    # copies are independent
-    with torch.no_grad():
-        student.encoder.blocks[0].attn.query.weight.zero_()
-    assert model.encoder.blocks[1].attn.query.weight.abs().sum() > 0
-    with pytest.raises(ValueError, match=r"block=6 is out of range.*blocks 0\.\.5"):
-        S.keep_blocks(model, [0, 6])
-
-
-def test_freeze_bottom_blocks(minilm_dir, batch):
-    model = BertModel.from_pretrained(minilm_dir)
-    S.freeze(model, embeddings=True, blocks=2)
-    out = model(**batch)
-    (out.last_hidden_state.sum() + out.pooler_output.sum()).backward()
-    for name, p in model.named_parameters():
-        frozen = name.startswith("embeddings.") or name.startswith(("encoder.blocks.0.", "encoder.blocks.1."))
-        assert p.requires_grad is not frozen, name
-        assert (p.grad is None) is frozen, name
-    S.unfreeze(model)
-    assert all(p.requires_grad for p in model.parameters())
-    with pytest.raises(ValueError, match=r"freeze\(blocks\)=7 is out of range"):
-        S.freeze(model, blocks=7)
-
-
-def test_dropout_context_sets_every_dropout_and_gives_them_back(minilm_dir, batch):
-    model = BertModel.from_pretrained(minilm_dir).train()
-    rates = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
-    assert rates and all(r == 0.1 for r in rates)  # all-MiniLM-L6-v2's config: 0.1 everywhere
-    with torch.no_grad():
-        with S.dropout(model, 0.0):
-            assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
-            assert all(block.attn.dropout_p == 0.0 for block in model.encoder.blocks)
-            once, twice = model(**batch), model(**batch)  # training mode, yet deterministic
-            assert torch.equal(once.last_hidden_state, twice.last_hidden_state)
-        assert [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)] == rates
-        assert all(block.attn.dropout_p == 0.1 for block in model.encoder.blocks)
-        assert not torch.equal(model(**batch).last_hidden_state, model(**batch).last_hidden_state)
-    assert model.config.hidden_dropout_prob == 0.1  # the config is never touched
-    with pytest.raises(ValueError, match=r"dropout p must be in \[0, 1\), got 1\.5"):
-        with S.dropout(model, 1.5):
-            pass
-
-
-# ------------------------------------------------------------------------------------------ accounting
-def test_parameter_counts_match_transformers_for_bert_base():
-    reference = transformers.BertModel(hf_config(**BASE))
-    ours = parameter_counts(BertConfig.from_preset("bert-base-uncased"))
-
-    def n(module):
-        return sum(p.numel() for p in module.parameters())
-
-    assert ours["total"] == reference.num_parameters() == 109_482_240
-    assert ours["embeddings"] == n(reference.embeddings) == 23_837_184
-    assert ours["blocks.0"] == n(reference.encoder.layer[0]) == 7_087_872
-    assert ours["pooler"] == n(reference.pooler) == 590_592
-    assert ours["blocks"] == n(reference.encoder)
-    assert ours["embeddings.word"] == n(reference.embeddings.word_embeddings)
-
-
-def test_parameter_counts_of_a_loaded_checkpoint(model):
-    counts = parameter_counts(model)
-    assert counts["total"] == sum(p.numel() for p in model.parameters())
-    assert sum(counts[f"block.{p}"] for p in BLOCK_PARTS) == counts["blocks.0"]
-    for part in BLOCK_PARTS:  # one vocabulary: accounting rows are module names
-        assert counts[f"block.{part}"] == sum(p.numel() for p in model.encoder.blocks[0].get_submodule(part).parameters())
-
-
-def test_flops_match_torch_flop_counter():
-    from torch.utils.flop_counter import FlopCounterMode
-
-    config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                        intermediate_size=256)
-    model = BertModel(config).eval()
-    for B, T in ((2, 16), (1, 128)):
-        counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
-            model(torch.randint(0, 500, (B, T)), output_attentions=True)
-        measured = counter.get_total_flops()  # matrix products only
-        # our count is 2 x every block parameter (the usual convention); the counter skips biases and
-        # LayerNorm, so take those out to compare exactly
-        vectors = sum(p.numel() for p in model.encoder.parameters() if p.dim() == 1)
-        ours = forward_flops(config, B, T) - 2 * B * T * vectors - 2 * B * model.pooler.dense.bias.numel()
-        assert ours == measured
-    base = flops_per_token(BertConfig.from_preset("bert-base-uncased"), 128)
-    assert base["dense"] == 2 * 85_054_464 and base["attention"] == 4 * 12 * 768 * 128
-
-
-@pytest.mark.parametrize("train", [False, True])
-@pytest.mark.parametrize("output_attentions", [False, True])
-def test_training_activation_memory_matches_saved_tensors(train, output_attentions):
-    config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                        intermediate_size=256)
-    model = BertModel(config).train(train)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(torch.randint(0, 500, (4, 48)), output_attentions=output_attentions)
-    measured = sum(saved.values())
-    estimate = activation_memory(model, 4, 48, output_attentions=output_attentions)["training"]
-    assert abs(estimate - measured) / measured < 0.05, (estimate, measured)
-
-
-def test_inspect_cli_prints_bert_base_accounting(capsys):
-    from minibert.cli import main
-
-    assert main(["inspect", "--model", "bert-base-uncased"]) == 0
-    text = capsys.readouterr().out
-    for number in ("109,482,240", "23,837,184", "7,087,872", "590,592", "170.1M", "174.8M"):
-        assert number in text
-    with pytest.raises(SystemExit) as e:
-        main(["inspect", "--model", "bert-base-uncased", "--lengths", "513"])
-    assert e.value.code == 2
 
 
 def test_readme_worked_example_previous_token_head(model, minilm_dir):

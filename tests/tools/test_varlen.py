@@ -2,7 +2,7 @@
 
 CI has no GPU, so the GPU route's bookkeeping -- where the real tokens are, ``cu_seqlens``, the longest
 row, gathering once and scattering once -- runs here on the CPU, the variable-length kernel replaced by
-``varlen_reference`` (its contract in plain torch). ``tests/test_cuda_fast.py`` runs the real kernels
+``varlen_reference`` (its contract in plain torch). ``tests/tools/test_fast_cuda.py`` runs the real kernels
 where there is a GPU."""
 
 from __future__ import annotations

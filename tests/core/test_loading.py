@@ -244,7 +244,7 @@ def test_half_precision_error_is_bounded_by_transformers_own(minilm_dir, hf_toke
 def test_dtype_by_name_and_unknown_dtype(tiny_dir):
     assert BertModel.from_pretrained(tiny_dir, dtype="bf16").dtype == torch.bfloat16
     with pytest.raises(ValueError, match="dtype 'int4' is not supported.*'int8'"):
-        BertModel.from_pretrained(tiny_dir, dtype="int4")  # int8 is a dtype since issue 16 (tests/test_int8.py)
+        BertModel.from_pretrained(tiny_dir, dtype="int4")  # int8 is a dtype since issue 16 (tests/core/test_quantize.py)
 
 
 def test_load_peak_memory_bert_base(base_random_dir, tiny_dir):

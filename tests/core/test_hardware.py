@@ -1,6 +1,6 @@
 """--device and --dtype on every inference command (issue 47): the same checks and one-line errors as
 training's --device, before any work, nothing written; ``device=`` on ``encode_texts``. CI has no GPU:
-the GPU runs themselves are in tests/test_cuda_fast.py (skipped without CUDA)."""
+the GPU runs themselves are in tests/tools/test_fast_cuda.py (skipped without CUDA)."""
 
 from __future__ import annotations
 

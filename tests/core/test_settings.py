@@ -124,11 +124,11 @@ def test_recipes_carry_their_defaults_and_say_so():
 
 
 def test_finetune_says_which_defaults_it_chose(tmp_path, capsys):
-    from test_finetune_cli import toy_rows, write_csv
+    from conftest import DATA, toy_rows, write_csv
 
     from minibert.cli import main
 
-    base = Path(__file__).parent / "data" / "adapters" / "base"
+    base = DATA / "adapters" / "base"
     train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
     model = tmp_path / "base"
     import shutil

@@ -10,19 +10,18 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import transformers
+from conftest import DATA as TEST_DATA, transformers
 from minibert import BertForSequenceClassification, BertModel, InputError
 from minibert.cli import main
 from minibert.training.adapters import (CONFIG_FILE, add_adapter, flatten_prefix, load_adapter, remove_adapter,
                                         save_adapter, set_active, task_head, task_names, trainable_parameters)
 
-DATA = Path(__file__).parent / "data" / "adapters"
+DATA = TEST_DATA / "adapters"
 TOL = 1e-5
 
 
@@ -285,7 +284,7 @@ def test_bad_arguments_are_named():
 
 
 def test_finetune_recipes_write_the_task_module_and_predict_runs_several(tmp_path, capsys):
-    from test_finetune_cli import toy_rows, write_csv
+    from conftest import toy_rows, write_csv
 
     base = tmp_path / "base"
     shutil.copytree(DATA / "base", base)
