@@ -217,6 +217,32 @@ def _help_text(field: dataclasses.Field, about: Setting) -> str:
     return f"{about.help} (default {shown})" if shown else about.help
 
 
+class _Given:
+    """An argparse action that also notes its option as given (``given(args)``): a preset (``--quick``) then
+    changes only what the command line left at its default."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.__dict__.setdefault("_given", set()).add(self.dest)
+
+
+class _Store(_Given, argparse._StoreAction):
+    pass
+
+
+class _StoreTrue(_Given, argparse._StoreTrueAction):
+    pass
+
+
+class _StoreFalse(_Given, argparse._StoreFalseAction):
+    pass
+
+
+def given(args: argparse.Namespace) -> set[str]:
+    """The fields whose options the command line was given (not left at their defaults)."""
+    return set(getattr(args, "_given", ()))
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """An option on ``parser`` for every described field of ``cls`` that the
     command line takes (``cli=True``), except those named in ``skip``; returns the parser."""
@@ -227,10 +253,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...]
         base, _ = _base(kind)
         names = [flag_of(field, about)]
         if base is bool:
-            parser.add_argument(*names, dest=field.name, action="store_false" if about.negate else "store_true",
+            parser.add_argument(*names, dest=field.name, action=_StoreFalse if about.negate else _StoreTrue,
                                 default=field.default, help=help_text(field, about))
             continue
-        options = {"dest": field.name, "help": help_text(field, about), "type": _parser_type(about, kind)}
+        options = {"dest": field.name, "help": help_text(field, about), "type": _parser_type(about, kind),
+                   "action": _Store}
         if about.nargs is not None:  # several words, each an item
             options |= {"nargs": about.nargs, "type": _item_type(kind)}
         if about.choices is not None:

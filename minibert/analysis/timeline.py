@@ -17,13 +17,13 @@ takes any run folder with snapshots, or a list of (step, folder).
 
 from __future__ import annotations
 
-import logging
 import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+import logging
 from ..errors import InputError
 from .layers import linear_cka
 from .probing import labelled_word_features, probe_layers
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 

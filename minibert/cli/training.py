@@ -4,15 +4,14 @@ classifier), ``pretrain`` (masked LM) and ``depth-study`` (pre-train several dep
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..errors import InputError, MissingExtra, not_found
 from ..logs import lines_to
 from ..checks import check_max_length, model_limit
-from .common import (batch_size_option, check_device, device_options, max_length_option, max_length_type,
-                     positive_float, positive_int, quiet_option, read_lines, report_truncation)
+from .common import (batch_size_option, check_device, device_options, max_length_option, read_lines,
+                     report_truncation)
 
 
 # ----------------------------------------------------------------------------------------- finetune
@@ -270,92 +269,32 @@ def cmd_pretrain(args) -> int:
 
 
 # -------------------------------------------------------------------------------------- depth-study
-def int_list(text: str) -> tuple[int, ...]:
-    """An argparse type: integers separated by commas (1,2,4)."""
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,2,4") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"{text!r}: give at least one integer")
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 0")
-    return values
-
-
 def add_depth_study(sub) -> None:
+    from ..runs.settings import DepthStudyRun
+    from ..settings import add_arguments
+
     p = sub.add_parser("depth-study", help="pre-train encoders of several depths on one corpus (equal steps and "
-                       "equal compute, seeds for the spread), then measure and plot what depth buys",
-                       parents=[quiet_option()])
-    p.add_argument("--corpus", nargs="+", required=True, help="text files, .jsonl files or folders of them")
-    p.add_argument("--vocab", required=True, help="a folder with vocab.txt (and tokenizer_config.json)")
-    p.add_argument("--eval-texts", required=True, help="held-out text: every model's masked-LM loss on it")
-    p.add_argument("--out", required=True, help="folder for runs/, study.json and the figures")
-    p.add_argument("--conllu", help="a .conllu file: a linear probe per layer of every model (UPOS)")
-    p.add_argument("--task-train", help="a classification task's training CSV (text,label), e.g. TREC-6")
-    p.add_argument("--task-eval", help="its evaluation CSV")
-    p.add_argument("--quick", action="store_true", help="minutes instead of hours: 1, 2, 4 blocks of width 64 "
-                   "(2 heads, FFN 256), 60 steps of 16 x 64 at lr 2e-3, reference depth 2 (the options below change "
-                   "it)")
-    g = p.add_argument_group("the study (default: 1,2,4,6,8 blocks of 256, 4 heads, FFN 1024, 2000 steps of 32 x 128)")
-    g.add_argument("--depths", type=int_list, help="block counts, e.g. 1,2,4,6,8")
-    g.add_argument("--hidden", type=positive_int)
-    g.add_argument("--heads", type=positive_int)
-    g.add_argument("--intermediate", type=positive_int)
-    g.add_argument("--steps", type=positive_int, help="the equal-steps budget")
-    g.add_argument("--reference-depth", type=positive_int, help="equal compute: the FLOPs this depth spends in "
-                   "--steps steps (default 4; 2 with --quick)")
-    g.add_argument("--budgets", help="steps, compute or steps,compute (default both)")
-    g.add_argument("--seeds", type=int_list, help="the first everywhere, the others for the "
-                   "equal-steps budget; integers >= 0 (default 0,1)")
-    g.add_argument("--batch-size", type=positive_int)
-    g.add_argument("--max-length", type=max_length_type)
-    g.add_argument("--lr", type=positive_float)
-    g.add_argument("--bf16", action="store_true", help="bf16 autocast while pre-training")
-    g.add_argument("--snapshots", type=positive_int, help="every run keeps this many log-spaced snapshots "
-                   "(minibert probe-over-time)")
-    p.add_argument("--device", help="where the models pre-train and fine-tune: cpu (default), cuda or cuda:N")
-    p.add_argument("--overwrite", action="store_true", help="replace what --out holds (a study with other settings, "
-                   "a model, another run); without it a folder holding this study goes on where it stopped, and "
-                   "anything else is refused")
-    p.add_argument("--cut-vs-grown", action="store_true", help="then, for each smaller depth k: the deepest model cut "
-                   "to k blocks, the k-block model grown from scratch, and one distilled from the deepest (same "
-                   "tokens), measured alike")
+                       "equal compute, seeds for the spread), then measure and plot what depth buys")
+    add_arguments(p, DepthStudyRun)
     p.set_defaults(func=cmd_depth_study)
 
 
 def cmd_depth_study(args) -> int:
-    import dataclasses
+    from ..runs.depth_study import ARMS, best_probe, plot_study, study, summary_rows
+    from ..runs.settings import DepthStudyRun
+    from ..settings import from_args, given
 
-    from ..runs.depth_study import (ARMS, QUICK, DepthStudyConfig, best_probe, cut_vs_grown, plot_study, run_study,
-                                        summary_rows)
-
-    config = QUICK if args.quick else DepthStudyConfig()
-    changes = {k: getattr(args, k) for k in ("depths", "hidden", "heads", "intermediate", "steps", "reference_depth",
-                                              "seeds", "batch_size", "max_length", "lr", "snapshots")
-               if getattr(args, k) is not None}
-    if args.budgets is not None:
-        changes["budgets"] = tuple(b.strip() for b in args.budgets.split(",") if b.strip())
-    if args.bf16:
-        changes["bf16"] = True
-    config = dataclasses.replace(config, **changes)
-    config.check()
-    with lines_to(sys.stderr, enabled=not args.quiet):
-        results = run_study(args.corpus, args.out, vocab=args.vocab, eval_texts=args.eval_texts, config=config,
-                            conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval,
-                            device=args.device, overwrite=args.overwrite)
+    run = from_args(DepthStudyRun, args).with_preset(given(args))
+    with lines_to(sys.stderr, enabled=run.progress):
+        results = study(run)
     print(f"{'blocks':>6}  {'budget':>7}  {'seeds':>5}  {'steps':>6}  {'held-out loss':>13}  {'accuracy':>8}  "
           f"{'probe':>6}  {'task':>6}")
     for r in summary_rows(results):
         print(f"{r['depth']:>6}  {r['budget']:>7}  {r['seeds']:>5}  {r['steps']:>6}  {r['eval_loss']:>13.3f}  "
               f"{r['masked_accuracy']:>8.3f}  {r.get('probe_best', float('nan')):>6.3f}  "
               f"{r.get('task_accuracy', float('nan')):>6.3f}")
-    if args.cut_vs_grown:
-        with lines_to(sys.stderr, enabled=not args.quiet):
-            entry = cut_vs_grown(args.out, args.corpus, vocab=args.vocab, eval_texts=args.eval_texts,
-                                 conllu=args.conllu, task_train=args.task_train, task_eval=args.task_eval,
-                                 device=args.device)
-        results["cut_vs_grown"] = entry
+    if run.cut_vs_grown:
+        entry = results["cut_vs_grown"]
         print(f"\ncut from {entry['teacher']}, grown from scratch, distilled from it (same tokens):")
         print(f"{'blocks':>6}  {'model':>9}  {'held-out loss':>13}  {'accuracy':>8}  {'probe':>6}  {'task':>6}")
         for k, arms in sorted(entry["depths"].items(), key=lambda kv: int(kv[0])):
@@ -364,11 +303,11 @@ def cmd_depth_study(args) -> int:
                 print(f"{k:>6}  {arm:>9}  {m['eval_loss']:>13.3f}  {m['masked_accuracy']:>8.3f}  {best_probe(m):>6.3f}  "
                       f"{m.get('task_accuracy', float('nan')):>6.3f}")
     try:
-        figures = plot_study(results, args.out)
+        figures = plot_study(results, run.out)
     except MissingExtra as e:
         print(f"no figures: {e}")
     else:
-        print("wrote " + ", ".join(str(f) for f in figures) + f" and {Path(args.out) / 'study.json'}")
+        print("wrote " + ", ".join(str(f) for f in figures) + f" and {Path(run.out) / 'study.json'}")
     return 0
 
 

@@ -29,71 +29,23 @@ the same tokens and one distilled from the deepest (DistilBERT's pre-training ob
 
 from __future__ import annotations
 
-import logging
 import dataclasses
 import json
+import logging
 import statistics
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..checks import check_fraction, check_positive, check_seed
 from ..errors import InputError
 from ..textfiles import write_text_atomic
+from .settings import BUDGETS, QUICK_STUDY, DepthStudyConfig, DepthStudyRun  # noqa: F401  (declared with the runs')
 
 log = logging.getLogger(__name__)
 
-BUDGETS = ("steps", "compute")
-
-
-@dataclass(frozen=True)
-class DepthStudyConfig:
-    depths: tuple[int, ...] = (1, 2, 4, 6, 8)
-    hidden: int = 256
-    heads: int = 4
-    intermediate: int = 1024
-    steps: int = 2000  # the equal-steps budget
-    reference_depth: int = 4  # equal compute: the FLOPs this depth spends in ``steps`` steps
-    budgets: tuple[str, ...] = BUDGETS
-    seeds: tuple[int, ...] = (0, 1)  # seeds[0] everywhere; the others for the equal-steps budget
-    batch_size: int = 32
-    max_length: int = 128
-    lr: float = 1e-3
-    warmup: float = 0.06
-    dropout: float = 0.0  # short runs learn faster without it (Geiping & Goldstein 2022, "Cramming")
-    bf16: bool = False
-    eval_examples: int = 256
-    snapshots: int = 0  # probing across time: snapshots kept by every run (analysis.timeline)
-    probe_sentences: int | None = None  # the first N CoNLL-U sentences (None: all)
-    task_epochs: int = 2
-    task_lr: float = 1e-4
-
-    def check(self) -> None:
-        if not self.depths or any(not isinstance(d, int) or d < 1 for d in self.depths):
-            raise InputError(f"depths={self.depths!r}: give one or more block counts >= 1")
-        if len(set(self.depths)) != len(self.depths):
-            raise InputError(f"depths={self.depths!r} names a depth twice")
-        for name in ("hidden", "heads", "intermediate", "steps", "reference_depth", "batch_size", "max_length",
-                     "eval_examples", "task_epochs"):
-            check_positive(name, getattr(self, name))
-        if self.hidden % self.heads:
-            raise InputError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
-        if not self.budgets or any(b not in BUDGETS for b in self.budgets):
-            raise InputError(f"budgets={self.budgets!r}: use one or both of {BUDGETS}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise InputError(f"seeds={self.seeds!r}: give one or more different seeds")
-        for seed in self.seeds:
-            check_seed("seeds (--seeds)", seed)
-        check_fraction("warmup", self.warmup)
-        check_fraction("dropout", self.dropout)
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise InputError(f"lr={self.lr!r} must be > 0")
-
-
 #: --quick: minutes, not hours (a tutorial, a smoke test): small widths, few steps
-QUICK = DepthStudyConfig(depths=(1, 2, 4), hidden=64, heads=2, intermediate=256, steps=60, reference_depth=2,
-                         batch_size=16, max_length=64, lr=2e-3, eval_examples=64, probe_sentences=60, task_epochs=1)
+QUICK = DepthStudyConfig(**QUICK_STUDY)
 
 
 @dataclass(frozen=True)
@@ -135,6 +87,22 @@ def plan(config: DepthStudyConfig, vocab_size: int) -> list[StudyRun]:
             steps = max(1, round(budget / per_step[d]))
             runs.append(StudyRun(d, "compute", config.seeds[0], steps, steps * per_step[d]))
     return runs
+
+
+def study(run: DepthStudyRun) -> dict:
+    """``minibert depth-study`` in Python, from one ``DepthStudyRun``: ``run_study`` on its files with its
+    settings, then, with ``run.cut_vs_grown``, ``cut_vs_grown`` (its entry under "cut_vs_grown"). The
+    command line's ``--quick`` fills what it was not given from the quick study (``run.with_preset(given)``);
+    in Python, ``DepthStudyRun(quick=True, ...).with_preset({"hidden", ...})`` does the same."""
+    run.check()
+    results = run_study(run.corpus, run.out, vocab=run.vocab, eval_texts=run.eval_texts, config=run.config(),
+                        conllu=run.conllu, task_train=run.task_train, task_eval=run.task_eval, device=run.device,
+                        overwrite=run.overwrite)
+    if run.cut_vs_grown:
+        results["cut_vs_grown"] = cut_vs_grown(run.out, run.corpus, vocab=run.vocab, eval_texts=run.eval_texts,
+                                               conllu=run.conllu, task_train=run.task_train,
+                                               task_eval=run.task_eval, device=run.device)
+    return results
 
 
 def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStudyConfig = DepthStudyConfig(),

@@ -5,9 +5,9 @@ best student with its tokenizer."""
 
 from __future__ import annotations
 
-import logging
 import contextlib
 import dataclasses
+import logging
 import os
 import random
 from dataclasses import dataclass

@@ -20,9 +20,9 @@ head, apply the recipe, ``fit``, evaluate each epoch, write the checkpoint, its 
 
 from __future__ import annotations
 
-import logging
 import copy
 import dataclasses
+import logging
 
 from ..checks import check_max_length
 from ..errors import InputError

@@ -15,10 +15,10 @@ The geometries are the BERT miniatures of Turc et al. 2019 (layers x hidden, hea
 
 from __future__ import annotations
 
-import logging
 import contextlib
 import copy
 import dataclasses
+import logging
 import warnings
 from pathlib import Path
 

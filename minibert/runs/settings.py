@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..checks import check_seed
 from ..errors import InputError
-from ..settings import setting
+from ..settings import base_of, check, setting
 from ..training.settings import POOLINGS, EmbeddingDistillConfig, FitConfig, PretrainConfig
 
 DEFAULT_MODEL = "bert-base-uncased"
@@ -336,3 +337,92 @@ class PretrainRun(PretrainConfig):
                                                             self.intermediate, self.vocab)):
             raise InputError("--model continues a checkpoint (its geometry and vocabulary): leave out --geometry, "
                              "--layers, --hidden, --heads, --intermediate and --vocab")
+
+
+# ------------------------------------------------------------------------------------- the depth study
+BUDGETS = ("steps", "compute")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DepthStudyConfig:
+    """What ``depth_study.run_study`` pre-trains and measures: the depths, one width, the budgets (equal
+    steps, equal compute), the seeds, the pre-training run and the measures' own settings."""
+
+    depths: tuple[int, ...] = setting((1, 2, 4, 6, 8), "block counts, e.g. 1,2,4,6,8")
+    hidden: int = setting(256, "the width of every model", low=1)
+    heads: int = setting(4, "attention heads", low=1)
+    intermediate: int = setting(1024, "the feed-forward width", low=1)
+    steps: int = setting(2000, "the equal-steps budget", low=1)
+    reference_depth: int = setting(4, "equal compute: the FLOPs this depth spends in --steps steps", low=1)
+    budgets: tuple[str, ...] = setting(BUDGETS, "steps, compute or steps,compute")
+    seeds: tuple[int, ...] = setting((0, 1), "the first everywhere, the others for the equal-steps budget; "
+                                     "integers >= 0")
+    batch_size: int = setting(32, "examples a step", low=1)
+    max_length: int = setting(128, "tokens an example, [CLS] and [SEP] included", low=3)
+    lr: float = setting(1e-3, "peak learning rate", low=0.0, strict=True)
+    warmup: float = setting(0.06, "share of the steps spent warming up", low=0.0, high=1.0, cli=False)
+    dropout: float = setting(0.0, "dropout while pre-training (short runs learn faster without it: Geiping & "
+                             "Goldstein 2022, \"Cramming\")", low=0.0, below=1.0, cli=False)
+    bf16: bool = setting(False, "bf16 autocast while pre-training")
+    eval_examples: int = setting(256, "held-out examples each model's masked-LM loss is measured on", low=1,
+                                 cli=False)
+    snapshots: int = setting(0, "every run keeps this many log-spaced snapshots (minibert probe-over-time)", low=0)
+    probe_sentences: int | None = setting(None, "the first N CoNLL-U sentences are probed (None: all)", low=1,
+                                          cli=False)
+    task_epochs: int = setting(2, "fine-tuning epochs of the downstream task", low=1, cli=False)
+    task_lr: float = setting(1e-4, "the downstream task's learning rate", low=0.0, strict=True, cli=False)
+
+    def check(self) -> None:
+        """Every field (``settings.check``), and what goes together."""
+        check(self)
+        if not self.depths or any(d < 1 for d in self.depths):
+            raise InputError(f"depths={self.depths!r}: give one or more block counts >= 1")
+        if len(set(self.depths)) != len(self.depths):
+            raise InputError(f"depths={self.depths!r} names a depth twice")
+        if self.hidden % self.heads:
+            raise InputError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if not self.budgets or any(b not in BUDGETS for b in self.budgets):
+            raise InputError(f"budgets={self.budgets!r}: use one or both of {BUDGETS}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise InputError(f"seeds={self.seeds!r}: give one or more different seeds")
+        for seed in self.seeds:
+            check_seed("seeds (--seeds)", seed)
+
+
+#: --quick: minutes, not hours (a tutorial, a smoke test): small widths, few steps
+QUICK_STUDY = dict(depths=(1, 2, 4), hidden=64, heads=2, intermediate=256, steps=60, reference_depth=2, batch_size=16,
+             max_length=64, lr=2e-3, eval_examples=64, probe_sentences=60, task_epochs=1)
+
+
+@dataclass(kw_only=True, frozen=True)
+class DepthStudyRun(DepthStudyConfig):
+    """``minibert depth-study``: pre-train encoders of several depths on one corpus (equal steps and equal
+    compute, seeds for the spread), then measure and plot what depth buys."""
+
+    corpus: tuple[str, ...] = setting(help="text files, .jsonl files or folders of them", required=True, nargs="+")
+    vocab: str = setting(help="a folder with vocab.txt (and tokenizer_config.json)", required=True)
+    eval_texts: str = setting(help="held-out text: every model's masked-LM loss on it", required=True)
+    out: str = setting(help="folder for runs/, study.json and the figures", required=True)
+    conllu: str | None = setting(None, "a .conllu file: a linear probe per layer of every model (UPOS)")
+    task_train: str | None = setting(None, "a classification task's training CSV (text,label), e.g. TREC-6")
+    task_eval: str | None = setting(None, "its evaluation CSV")
+    quick: bool = setting(False, "minutes instead of hours: 1, 2, 4 blocks of width 64 (2 heads, FFN 256), 60 "
+                          "steps of 16 x 64 at lr 2e-3, reference depth 2 (the options given change it)")
+    device: str | None = setting(None, "where the models pre-train and fine-tune: cpu (default), cuda or cuda:N")
+    overwrite: bool = setting(False, "replace what --out holds (a study with other settings, a model, another "
+                              "run); without it a folder holding this study goes on where it stopped, and "
+                              "anything else is refused")
+    cut_vs_grown: bool = setting(False, "then, for each smaller depth k: the deepest model cut to k blocks, the "
+                                 "k-block model grown from scratch, and one distilled from the deepest (same "
+                                 "tokens), measured alike")
+    progress: bool = setting(True, "no progress bar or log lines", flag="--quiet", negate=True)
+
+    def with_preset(self, given=()) -> "DepthStudyRun":
+        """With ``quick``: the quick study's values for every setting not in ``given`` (the options the command
+        line was given; in Python, give the fields you set)."""
+        if not self.quick:
+            return self
+        return replace(self, **{k: v for k, v in QUICK_STUDY.items() if k not in given})
+
+    def config(self) -> DepthStudyConfig:
+        return base_of(self, DepthStudyConfig)

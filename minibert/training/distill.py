@@ -37,8 +37,8 @@ student trains under bf16 autocast; for long embedding runs its vectors can be c
 
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 import random
 import time
 from dataclasses import dataclass, field

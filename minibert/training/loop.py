@@ -26,7 +26,8 @@ evaluates and saves every k steps).
   where the data stands -- one checkpoint dict, written atomically (a kill mid-write leaves the previous
   one), with every process's random generators. ``fit`` writes it after each epoch
   (``training_state.pt``), the pre-training loop into each checkpoint; a run started again with
-  ``resume`` ends bit for bit where the uninterrupted run would have (CPU; tested with SIGKILL for both).
+  ``resume`` ends bit for bit where the uninterrupted run would have (CPU; tested with SIGKILL for
+  fine-tuning, pre-training, distillation and early exits).
 * Mixed precision: bf16 autocast (CPU or GPU), or fp16 autocast with loss scaling on CUDA; the weights
   (master copy) stay fp32 either way. Seeded: deterministic on CPU. A tqdm bar when tqdm is installed.
 * Under torchrun (``ddp``) every process builds the same global batches and trains on its slice of each;
@@ -35,14 +36,14 @@ evaluates and saves every k steps).
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import math
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from contextlib import nullcontext
 from typing import Callable, Iterable, Iterator
 
 import torch

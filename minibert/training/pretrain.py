@@ -29,8 +29,8 @@ the whole batch. Process 0 alone evaluates, logs and writes checkpoints.
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import math
 import shutil
 import time

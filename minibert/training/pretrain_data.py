@@ -28,9 +28,9 @@ cut, so a run resumes exactly and N processes compute what one does.
 
 from __future__ import annotations
 
-import logging
 import hashlib
 import json
+import logging
 import random
 import re
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, usage_error
 from minibert import InputError, settings
-from minibert.runs.settings import RECIPES, DistillRun, ExitsRun, FinetuneRun, PretrainRun
+from minibert.runs.settings import RECIPES, DepthStudyRun, DistillRun, ExitsRun, FinetuneRun, PretrainRun
 from minibert.settings import setting
 from minibert.training.settings import FitConfig
 
@@ -21,7 +21,8 @@ from minibert.training.settings import FitConfig
 RUNS = {"finetune": (FinetuneRun, "minibert.runs.finetune", "finetune"),
         "pretrain": (PretrainRun, "minibert.runs.pretrain", "run_pretraining"),
         "exits": (ExitsRun, "minibert.runs.exits", "train_exits"),
-        "distill": (DistillRun, "minibert.runs.distill", "distill_corpus")}
+        "distill": (DistillRun, "minibert.runs.distill", "distill_corpus"),
+        "depth-study": (DepthStudyRun, "minibert.runs.depth_study", "study")}
 
 
 @dataclasses.dataclass(kw_only=True)

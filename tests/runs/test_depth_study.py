@@ -114,7 +114,7 @@ def test_the_cli_runs_a_study_and_draws_it(files, minilm_dir, tmp_path, capsys):
     assert "cut vs grown needs the equal-steps budget and two or more depths" in line
     with pytest.raises(SystemExit):  # argparse's own error, with the usage
         main(["depth-study", "--corpus", "x", "--vocab", "v", "--eval-texts", "h", "--out", "o", "--depths", "1,b"])
-    assert "argument --depths: '1,b': give integers separated by commas" in capsys.readouterr().err
+    assert "argument --depths: '1,b': every item must be an int" in capsys.readouterr().err
     line = cli_error(capsys, "depth-study", "--corpus", str(files / "train.txt"), "--vocab", str(minilm_dir),
                      "--eval-texts", str(files / "held.txt"), "--out", str(tmp_path / "o"), "--quick", "--hidden", "33")
     assert "hidden=33 is not divisible by heads=2" in line
