@@ -254,8 +254,9 @@ class _EveryStep:
     (``log.jsonl``, and the log), a held-out evaluation, a snapshot, a checkpoint (process 0 writes)."""
 
     def __init__(self, state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source):
-        self.state, self.config, self.steps, self.out_dir, self.rank, self.world = state, config, steps, out_dir, rank, world
-        self.keep_at, self.eval_examples, self.tokenizer_source = keep_at, eval_examples, tokenizer_source
+        self.state, self.config, self.steps, self.out_dir = state, config, steps, out_dir
+        self.rank, self.world, self.keep_at = rank, world, keep_at
+        self.eval_examples, self.tokenizer_source = eval_examples, tokenizer_source
         self.window, self.last = _Window(), {}
         self.bar = _bar(steps, config.progress and rank == 0)
 
