@@ -44,6 +44,7 @@ from .skeleton import begin_fit, check_labels, check_length, finished_history, r
 
 log = logging.getLogger(__name__)
 
+
 def finetune(run: FinetuneRun) -> History:
     """Fine-tune ``run.model`` on ``run.train``, evaluated on ``run.eval`` after each epoch; the best epoch's
     checkpoint goes to ``run.out`` (see ``FinetuneRun`` for every setting). ``lr`` and ``epochs`` left
