@@ -109,6 +109,13 @@ def _bounds_text(about: Setting) -> str:
     return ""
 
 
+def _out_of_bounds(value, about: Setting) -> bool:
+    """Whether a number lies outside a setting's bounds (for a tuple setting: each of its items)."""
+    too_low = about.low is not None and (value <= about.low if about.strict else value < about.low)
+    return too_low or (about.high is not None and value > about.high) or (about.below is not None
+                                                                          and value >= about.below)
+
+
 def check_value(name: str, value, kind, about: Setting):
     """``value`` for the field ``name`` (its type ``kind``, its ``Setting``), checked; returns it (an int
     given for a float, or a list for a tuple, converted). Raises InputError naming the field and the limit."""
@@ -133,6 +140,8 @@ def check_value(name: str, value, kind, about: Setting):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise InputError(f"{name}={value!r} must be a list or tuple")
         value = tuple(value)
+        if any(isinstance(v, (int, float)) and not isinstance(v, bool) and _out_of_bounds(v, about) for v in value):
+            raise InputError(f"{name}={value!r}: every value must be {_bounds_text(about)}")
     if base is str and isinstance(value, os.PathLike):
         value = os.fspath(value)  # a path given for a file or folder setting
     if base is str and not isinstance(value, str):
@@ -140,10 +149,7 @@ def check_value(name: str, value, kind, about: Setting):
     if about.choices is not None and value not in about.choices:
         raise InputError(f"{name}={value!r}: use one of {', '.join(map(str, about.choices))}")
     if base in (int, float):
-        too_low = about.low is not None and (value <= about.low if about.strict else value < about.low)
-        too_high = ((about.high is not None and value > about.high)
-                    or (about.below is not None and value >= about.below))
-        if too_low or too_high:
+        if _out_of_bounds(value, about):
             raise InputError(f"{name}={value!r} is out of range: it must be {_bounds_text(about)}")
     return value
 
@@ -168,8 +174,7 @@ def number_type(kind: type, *, low=None, high=None, below=None, strict: bool = F
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        too_low = low is not None and (value <= low if strict else value < low)
-        if too_low or (high is not None and value > high) or (below is not None and value >= below):
+        if _out_of_bounds(value, about):
             raise argparse.ArgumentTypeError(f"must be {_bounds_text(about)}, got {_number(value)}")
         return value
     parse.__name__ = kind.__name__
@@ -188,10 +193,13 @@ def _parser_type(about: Setting, kind):
 
         def items(text: str) -> tuple:
             try:
-                return tuple(item(t.strip()) for t in text.split(",") if t.strip())
+                values = tuple(item(t.strip()) for t in text.split(",") if t.strip())
             except ValueError:
                 raise argparse.ArgumentTypeError(f"{text!r}: every item must be a{'n' if item is int else ''} "
                                                  f"{item.__name__}") from None
+            if item in (int, float) and any(_out_of_bounds(v, about) for v in values):
+                raise argparse.ArgumentTypeError(f"{text!r}: every value must be {_bounds_text(about)}")
+            return values
         items.__name__ = "list"
         return items
     return base

@@ -348,7 +348,7 @@ class DepthStudyConfig:
     """What ``depth_study.run_study`` pre-trains and measures: the depths, one width, the budgets (equal
     steps, equal compute), the seeds, the pre-training run and the measures' own settings."""
 
-    depths: tuple[int, ...] = setting((1, 2, 4, 6, 8), "block counts, e.g. 1,2,4,6,8")
+    depths: tuple[int, ...] = setting((1, 2, 4, 6, 8), "block counts, e.g. 1,2,4,6,8", low=1)
     hidden: int = setting(256, "the width of every model", low=1)
     heads: int = setting(4, "attention heads", low=1)
     intermediate: int = setting(1024, "the feed-forward width", low=1)
@@ -356,7 +356,7 @@ class DepthStudyConfig:
     reference_depth: int = setting(4, "equal compute: the FLOPs this depth spends in --steps steps", low=1)
     budgets: tuple[str, ...] = setting(BUDGETS, "steps, compute or steps,compute")
     seeds: tuple[int, ...] = setting((0, 1), "the first everywhere, the others for the equal-steps budget; "
-                                     "integers >= 0")
+                                     "integers >= 0", low=0)
     batch_size: int = setting(32, "examples a step", low=1)
     max_length: int = setting(128, "tokens an example, [CLS] and [SEP] included", low=3)
     lr: float = setting(1e-3, "peak learning rate", low=0.0, strict=True)
@@ -375,7 +375,7 @@ class DepthStudyConfig:
     def check(self) -> None:
         """Every field (``settings.check``), and what goes together."""
         check(self)
-        if not self.depths or any(d < 1 for d in self.depths):
+        if not self.depths:
             raise InputError(f"depths={self.depths!r}: give one or more block counts >= 1")
         if len(set(self.depths)) != len(self.depths):
             raise InputError(f"depths={self.depths!r} names a depth twice")

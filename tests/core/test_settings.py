@@ -145,3 +145,14 @@ def test_finetune_says_which_defaults_it_chose(tmp_path, capsys):
     assert f"recipe adapter: lr {RECIPES['adapter'].lr:g} (its defaults, measured: {RECIPES['adapter'].measured})" in out
     assert "--batch-size: must be >= 1, got 0" in usage_error(capsys, "finetune", "--train", train, "--eval", train,
                                                               "--out", tmp_path / "b", "--batch-size", "0")
+
+
+def test_a_tuple_settings_bounds_hold_for_each_item():
+    """--seeds / --depths: each item is held to the setting's bounds, by argparse and by the check alike."""
+    from minibert.runs.settings import DepthStudyConfig
+
+    with pytest.raises(InputError, match=r"^seeds \(--seeds\)=\(0, -1\): every value must be >= 0$"):
+        DepthStudyConfig(seeds=(0, -1)).check()
+    with pytest.raises(InputError, match=r"^depths \(--depths\)=\(2, 0\): every value must be >= 1$"):
+        DepthStudyConfig(depths=(2, 0)).check()
+    DepthStudyConfig(depths=[1, 3], seeds=[4]).check()  # lists are taken, as tuples
