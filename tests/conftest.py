@@ -20,13 +20,13 @@ if str(ROOT) not in sys.path:
 
 transformers = pytest.importorskip("transformers")  # the parity reference (the `test` extra)
 
-from minibert import BertForSequenceClassification, BertModel, BertTokenizer  # noqa: E402
+from minibert import BertForSequenceClassification, BertTokenizer  # noqa: E402
 from minibert.training.data import classification_batches  # noqa: E402
 from minibert.training.loop import FitConfig, fit  # noqa: E402
 
 # the parity tool's built-in inputs (minibert.analysis.parity) serve the tests too: five plain sentences
 # (no long text, accents or non-Latin script: those have tests of their own) and the sentence pairs
-from minibert.analysis.parity import DEFAULT_PAIRS as PAIRS  # noqa: E402
+from minibert.analysis.parity import DEFAULT_PAIRS as PAIRS  # noqa: E402,F401  (tests import it from here)
 from minibert.analysis.parity import DEFAULT_TEXTS  # noqa: E402
 
 SENTENCES = DEFAULT_TEXTS[:5]
@@ -210,20 +210,7 @@ def random_batch_for(geometry: dict, lengths=(7, 4, 2), seed=0) -> dict:
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
-# the MiniLM model and a batch: the hook, surgery and accounting tests (tests/tools/)
-
-
-@pytest.fixture(scope="module")
-def model(minilm_dir):
-    return BertModel.from_pretrained(minilm_dir).eval()
-
-
-@pytest.fixture(scope="module")
-def batch(minilm_dir):
-    tok = BertTokenizer.from_pretrained(minilm_dir)
-    return dict(tok([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True, return_tensors="pt"))
-
-
+# the hook, surgery and accounting tests (tests/tools/; their MiniLM model and batch: tests/tools/conftest.py)
 def run_model(model, batch, **kw):
     with torch.no_grad():
         return model(**batch, **kw)
@@ -236,15 +223,9 @@ def assert_same_output(a, b):
 
 
 # a tiny encoder and a classifier fine-tuned on a toy task: distillation, depth and exits (training/, runs/)
-
-
-TINY_CLASSIFIER = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-
-
+TINY_CLASSIFIER = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                       intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 GOOD = ["good", "great", "fine", "nice", "happy"]
-
-
 BAD = ["bad", "awful", "poor", "sad", "terrible"]
 
 
@@ -286,10 +267,8 @@ def tiny_teacher_dir(tmp_path_factory, tiny_encoder_dir):
 
 
 # a corpus of real sentences and a pre-training checkpoint: the heads, the data, the loop, the command
-
-
-TINY_PRETRAIN = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+TINY_PRETRAIN = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -333,15 +312,7 @@ def pretraining_batch(vocab=30522, seed=0):
 
 
 # a tiny encoder and a toy task: the loop, the recipes and LoRA (tests/training/)
-
-
 TINY_FINETUNE = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-
-
-WORDS_GOOD = ["good", "great", "fine", "nice", "happy"]
-
-
-WORDS_BAD = ["bad", "awful", "poor", "sad", "terrible"]
 
 
 @pytest.fixture(scope="module")
@@ -371,7 +342,7 @@ def toy_task(n=48, seed=0):
     texts, labels = [], []
     for i in range(n):
         good = i % 2 == 0
-        word = rng.choice(WORDS_GOOD if good else WORDS_BAD)
+        word = rng.choice(GOOD if good else BAD)
         texts.append(f"the day was {word} and the food was {rng.choice(['hot', 'cold', 'warm'])}")
         labels.append(int(good))
     return texts, labels
