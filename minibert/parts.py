@@ -6,10 +6,11 @@
     record, tensors = read_part(folder, "early_exits")   # the record checked against the sealed copy
     check_fits(folder, ramps, tensors, "its exits")      # every tensor present, of its shape, none extra
 
-Early exits (``training.depth.EarlyExit``), the ScalarMix classifier (``training.recipes``), task modules
-(``training.adapters``: adapters, prefixes, LoRA, with their head) and LoRA's own file (``training.lora``)
-all save and load through it, each beside the plain checkpoint of the model it sits on (which transformers
-loads); sentence-transformers' folder settings keep that library's own format (``compat.sentence``).
+Early exits (``training.depth.EarlyExit``), the ScalarMix classifier (``training.recipes``) and task
+modules (``training.adapters``: adapters, prefixes, LoRA, with their head) save and load through it, each
+beside the plain checkpoint of the model it sits on (which transformers loads). Two files keep a format of
+their own: ``training.lora.save_adapters`` (some of a model's tensors, in a file the caller names) and
+sentence-transformers' folder settings (that library's format, ``compat.sentence``).
 The record says how to rebuild the part (a class's ``config_keys``, as sentence-transformers' modules
 say it); a record edited after saving, a tensor missing or of another shape is an InputError that names
 the file and what differs -- nothing is loaded half-way.

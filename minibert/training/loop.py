@@ -317,10 +317,7 @@ def _resumable(out_dir: Path, config: FitConfig, device, world: int = 1) -> dict
         warnings.warn(f"resume: no {path.name} in {path.parent} (no unfinished run there): starting from the "
                       "first epoch", stacklevel=3)
         return None
-    saved = read_state(path, config.recorded(), device)
-    if len(saved["rng"]) != world:
-        raise InputError(f"resume: {path} was written by {len(saved['rng'])} process(es), this job has {world}")
-    return saved
+    return read_state(path, config.recorded(), device, world=world)
 
 
 def _optimiser(model: nn.Module, config: FitConfig, total_steps: int, done_steps: int = 0):
@@ -463,10 +460,11 @@ def restore_model(model: nn.Module, saved: dict) -> None:
         p.requires_grad_(bool(flag))
 
 
-def read_state(path: Path, settings: dict, device, *, changeable: tuple[str, ...] = ()) -> dict:
+def read_state(path: Path, settings: dict, device, *, changeable: tuple[str, ...] = (), world: int = 1) -> dict:
     """The state a run left in ``path``, checked against this run's ``settings`` (those in ``changeable``
-    may differ: how often it logs, say); a file that is not one, or other settings, is an InputError that
-    names them."""
+    may differ: how often it logs, say) and its number of processes (``world``: the random generators it
+    keeps are one a process); a file that is not one, other settings or another job size is an InputError
+    that names them."""
     try:
         saved = torch.load(path, map_location=device, weights_only=True)  # tensors and plain data only
     except Exception as e:  # truncated or not ours: say which file
@@ -474,10 +472,12 @@ def read_state(path: Path, settings: dict, device, *, changeable: tuple[str, ...
                          "start again") from None
     differs = [f"{k}={saved['config'].get(k)!r} then, {v!r} now" for k, v in settings.items()
                if k not in changeable and saved["config"].get(k) != v]
+    where = path.parent if path.parent.name.startswith("step-") else path
     if differs:
-        where = path.parent if path.parent.name.startswith("step-") else path
         raise InputError(f"resume: {where} was written by a run with other settings ({'; '.join(differs)}); give "
                          "the same settings, or another --out")
+    if len(saved["rng"]) != world:
+        raise InputError(f"resume: {where} was written by {len(saved['rng'])} process(es), this job has {world}")
     return saved
 
 

@@ -150,15 +150,13 @@ def _resume(state: TrainState, out_dir: Path, config: PretrainConfig, rank: int,
             warnings.warn(f"resume: no checkpoint in {out_dir / 'checkpoints'} (nothing to resume): starting from "
                           "step 0", stacklevel=3)
         return
-    saved = read_state(found[-1] / STATE_FILE, config.recorded(), _device(state.model), changeable=CHANGEABLE)
+    saved = read_state(found[-1] / STATE_FILE, config.recorded(), _device(state.model), changeable=CHANGEABLE, world=world)
     mine = {k: tuple(v.shape) for k, v in state.model.state_dict().items()}
     theirs = {k: tuple(v.shape) for k, v in saved["model"].items()}
     if mine != theirs:
         differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         raise InputError(f"resume: {found[-1]} holds another model (differs at {', '.join(differ[:4])}"
                          f"{' ...' if len(differ) > 4 else ''}); give the same geometry, or another --out")
-    if len(saved["rng"]) != world:
-        raise InputError(f"resume: {found[-1]} was written by {len(saved['rng'])} process(es), this job has {world}")
     restore_model(state.model, saved)
     state.restore(saved, rank)
     if rank == 0:
