@@ -327,7 +327,7 @@ import json, os, signal, sys, time
 import torch
 torch.set_num_threads(1)  # this process forks: no thread pool to inherit half-way
 from minibert import BertConfig, BertModel
-geometry = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+geometry = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072)
 torch.manual_seed(0)
 a = BertModel(BertConfig(**geometry, layer_norm_eps=1e-12)).eval()
 b = BertModel(BertConfig(**geometry, layer_norm_eps=1e-11)).eval()  # another config.json...
@@ -359,10 +359,10 @@ for point in range(points):
 
 
 def test_a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint(tmp_path):
-    """A BERT-base-sized checkpoint is saved over another and the saving process is killed with SIGKILL at
-    10 moments spread over one save (each a forked child of a process that holds both models): each time
-    the path holds A or B whole -- config.json and every weight of the same one -- never a mix, a
-    truncated file or nothing."""
+    """A checkpoint of BERT-base's width (4 blocks of 768, 210 MB) is saved over another and the saving
+    process is killed with SIGKILL at 10 moments spread over one save (each a forked child of a process that
+    holds both models): each time the path holds A or B whole -- config.json and every weight of the same
+    one -- never a mix, a truncated file or nothing."""
     import subprocess
     import sys
 
@@ -378,52 +378,70 @@ def test_a_save_killed_at_any_moment_leaves_the_old_or_the_new_checkpoint(tmp_pa
 
 
 RUN = """
-import os, signal, sys, torch
+import os, signal, sys, traceback, torch
 from minibert import BertConfig, BertForSequenceClassification, BertModel
 from minibert.training.depth import EarlyExit
 from minibert.training.distill import EmbeddingDistiller, init_student
 from minibert.training.loop import FitConfig, fit
-kind, mode, out = sys.argv[1], sys.argv[2], sys.argv[3]
-torch.manual_seed(0)
-config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3 if kind != "classifier" else 2,
-                    num_attention_heads=2, intermediate_size=32, hidden_dropout_prob=0.2, id2label={0: "a", 1: "b"})
-if kind == "distill":  # a student of two blocks learns a teacher's mean-pooled vectors (the loss: the distiller's)
-    teacher = BertModel(config).eval()  # the attention term runs the readable teacher, not the fast path, whose
-    # fp32 kernel is chosen by timing the first time a machine meets a geometry (then kept for every process)
-    model = EmbeddingDistiller(teacher, init_student(teacher, [0, 2]), similarity_weight=0.5, hidden_weight=0.1,
-                               attention_weight=0.1)
-elif kind == "exits":  # early exits trained with the classifier (PABEE's joint loss)
-    model = EarlyExit(BertForSequenceClassification(config), frozen=False, pooling="mean")
-else:
-    model = BertForSequenceClassification(config)
-data = torch.Generator().manual_seed(1)
-ids, labels = torch.randint(1, 50, (24, 6), generator=data), torch.randint(0, 2, (24,), generator=data)
-mask = (torch.arange(6)[None, :] < torch.randint(2, 7, (24, 1), generator=data)).long()
 
-def batches(epoch):
-    order = torch.randperm(24, generator=torch.Generator().manual_seed(epoch))
-    for i in range(0, 24, 6):
-        if mode == "kill" and epoch == 2 and i == 12:
-            os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the third epoch
-        rows = order[i:i + 6]
-        if kind == "classifier":
-            yield {"input_ids": ids[rows], "labels": labels[rows]}
-        else:
-            yield {"input_ids": ids[rows], "attention_mask": mask[rows],
-                   **({"labels": labels[rows]} if kind == "exits" else {})}
 
-def unfreeze(m, epoch):  # the embeddings train from the third epoch on: the optimizer is rebuilt then
-    for p in m.bert.embeddings.parameters():
-        p.requires_grad_(epoch >= 2)
+def run(kind, mode, out):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3 if kind != "classifier" else 2,
+                        num_attention_heads=2, intermediate_size=32, hidden_dropout_prob=0.2,
+                        id2label={0: "a", 1: "b"})
+    if kind == "distill":  # a student of two blocks learns a teacher's mean-pooled vectors (the loss: the distiller's)
+        teacher = BertModel(config).eval()  # the attention term runs the readable teacher, not the fast path, whose
+        # fp32 kernel is chosen by timing the first time a machine meets a geometry (then kept for every process)
+        model = EmbeddingDistiller(teacher, init_student(teacher, [0, 2]), similarity_weight=0.5, hidden_weight=0.1,
+                                   attention_weight=0.1)
+    elif kind == "exits":  # early exits trained with the classifier (PABEE's joint loss)
+        model = EarlyExit(BertForSequenceClassification(config), frozen=False, pooling="mean")
+    else:
+        model = BertForSequenceClassification(config)
+    data = torch.Generator().manual_seed(1)
+    ids, labels = torch.randint(1, 50, (24, 6), generator=data), torch.randint(0, 2, (24,), generator=data)
+    mask = (torch.arange(6)[None, :] < torch.randint(2, 7, (24, 1), generator=data)).long()
 
-config = FitConfig(epochs=4, lr=1e-2, accumulate=2, progress=False, resume=mode == "resume")
-if kind == "classifier":
-    evaluate = lambda m: {"score": float(sum(p.double().sum() for p in m.parameters()))}
-    fit(model, batches, config=config, evaluate=evaluate, metric="score", out_dir=out, on_epoch_start=unfreeze,
-        save=lambda m, d: None)
-else:
-    fit(model, batches, config=config, out_dir=out, save=lambda m, d: None)
-torch.save(model.state_dict(), os.path.join(out, "final.pt"))
+    def batches(epoch):
+        order = torch.randperm(24, generator=torch.Generator().manual_seed(epoch))
+        for i in range(0, 24, 6):
+            if mode == "kill" and epoch == 2 and i == 12:
+                os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of the third epoch
+            rows = order[i:i + 6]
+            if kind == "classifier":
+                yield {"input_ids": ids[rows], "labels": labels[rows]}
+            else:
+                yield {"input_ids": ids[rows], "attention_mask": mask[rows],
+                       **({"labels": labels[rows]} if kind == "exits" else {})}
+
+    def unfreeze(m, epoch):  # the embeddings train from the third epoch on: the optimizer is rebuilt then
+        for p in m.bert.embeddings.parameters():
+            p.requires_grad_(epoch >= 2)
+
+    config = FitConfig(epochs=4, lr=1e-2, accumulate=2, progress=False, resume=mode == "resume")
+    if kind == "classifier":
+        evaluate = lambda m: {"score": float(sum(p.double().sum() for p in m.parameters()))}
+        fit(model, batches, config=config, evaluate=evaluate, metric="score", out_dir=out, on_epoch_start=unfreeze,
+            save=lambda m, d: None)
+    else:
+        fit(model, batches, config=config, out_dir=out, save=lambda m, d: None)
+    torch.save(model.state_dict(), os.path.join(out, "final.pt"))
+
+
+# one process imports torch once and forks each run: the uninterrupted one, the killed one, the resumed one
+kind, root = sys.argv[1], sys.argv[2]
+for mode, folder in (("full", "full"), ("kill", "cut"), ("resume", "cut")):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run(kind, mode, os.path.join(root, folder))
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print(mode, code, os.path.exists(os.path.join(root, folder, "training_state.pt")), flush=True)
 """
 
 
@@ -434,15 +452,13 @@ def killed_and_resumed(tmp_path, kind: str) -> tuple[dict, dict]:
     import subprocess
     import sys
 
-    def run(mode, out):
-        return subprocess.run([sys.executable, "-c", RUN, kind, mode, str(out)], capture_output=True, text=True,
-                              timeout=300)
-
-    assert run("full", tmp_path / "full").returncode == 0
-    assert run("kill", tmp_path / "cut").returncode == -signal.SIGKILL
-    assert (tmp_path / "cut" / "training_state.pt").exists()  # the state of the second epoch
-    resumed = run("resume", tmp_path / "cut")
-    assert resumed.returncode == 0, resumed.stderr
+    done = subprocess.run([sys.executable, "-c", RUN, kind, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    # (mode, exit code, a training state there after it): the killed run left the state of its second epoch,
+    # the resumed one finished and removed it
+    assert done.stdout.split() == ["full", "0", "False", "kill", str(-signal.SIGKILL), "True", "resume", "0", "False"], (
+        done.stdout + done.stderr[-3000:])
     return tuple(torch.load(tmp_path / d / "final.pt") for d in ("full", "cut"))
 
 
