@@ -97,7 +97,7 @@ def markdown(r: dict) -> str:
            f"Encoders of {', '.join(map(str, c['depths']))} blocks at width {c['hidden']} ({c['heads']} heads, FFN "
            f"{c['intermediate']}), pre-trained from scratch on the reachable English text (VADER, the npm corpus, "
            f"Tatoeba, WikiText-2, tweets; all-MiniLM-L6-v2's vocabulary), {c['batch_size']} x {c['max_length']} tokens a "
-           f"step, lr {c['lr']:g}, warmup {c['warmup']:g}, dropout {c['dropout']:g}, {'bf16' if c['bf16'] else 'fp32'}. "
+           f"step, lr {c['lr']:g}, warmup {','.join(f'{w:g}' for w in c.get('warmups', [c.get('warmup', 0.06)]))}, dropout {c['dropout']:g}, {'bf16' if c['bf16'] else 'fp32'}. "
            f"Equal steps: {c['steps']:,} steps for every depth (seeds {', '.join(map(str, c['seeds']))}); equal "
            f"compute: the training FLOPs {c['reference_depth']} blocks spend in {c['steps']:,} steps "
            "(`tools.accounting.pretraining_flops`). Held-out loss on the same examples and masks for every model "

@@ -27,6 +27,9 @@ from .textfiles import read_json
 LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": 1024, "num_attention_heads": 1024,
           "intermediate_size": 1 << 18, "max_position_embeddings": 1 << 20, "type_vocab_size": 1 << 16}
 
+#: where a block's LayerNorm may sit (BERT's is "post"; the others are models/norms.py's ablations)
+NORM_PLACEMENTS = ("post", "pre", "deepnorm")
+
 #: transformers' problem types for sequence classification (the loss each implies: heads.py)
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
@@ -48,6 +51,11 @@ class BertConfig:
     # the masked-LM head only: False gives its decoder a weight of its own instead of the word embeddings
     # (transformers' field of the same name; BERT ties them, ``untied.py``)
     tie_word_embeddings: bool = True
+    # where each block's LayerNorm sits: "post" is BERT's; "pre" and "deepnorm" are ablations that only
+    # minibert.BertModel builds (``models/norms.py``) and only minibert reads back (transformers reads post)
+    norm_placement: str = "post"
+    # DeepNorm's alpha in LN(alpha x + F(x)), fixed when the model is made ((2N)^(1/4)); 1 otherwise
+    residual_scale: float = 1.0
     # task heads (minibert/heads.py) only; the encoder never reads these
     id2label: dict[int, str] | None = None  # class index -> name; its length is num_labels (1 = regression)
     problem_type: str | None = None  # None (inferred from labels), or one of PROBLEM_TYPES
@@ -80,6 +88,14 @@ class BertConfig:
                 "'relative_key'/'relative_key_query' and computes something else; we refuse instead)")
         if not isinstance(self.tie_word_embeddings, bool):
             raise InputError(f"BertConfig.tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
+        if self.norm_placement not in NORM_PLACEMENTS:
+            raise InputError(f"BertConfig.norm_placement {self.norm_placement!r} is not one of {NORM_PLACEMENTS}")
+        scale = self.residual_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+            raise InputError(f"BertConfig.residual_scale must be a finite number > 0, got {scale!r}")
+        if scale != 1 and self.norm_placement != "deepnorm":
+            raise InputError(f"BertConfig.residual_scale={scale!r} goes with norm_placement 'deepnorm' only "
+                             f"(it is {self.norm_placement!r}: the residual is added unscaled)")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             check_fraction(f"BertConfig.{name}", getattr(self, name))
         eps = self.layer_norm_eps
@@ -156,6 +172,8 @@ class BertConfig:
                 del data[key]
         if self.tie_word_embeddings:  # the default, BERT's: written only when a decoder is untied
             del data["tie_word_embeddings"]
+        if self.norm_placement == "post":  # BERT's: written only for the ablations (models/norms.py)
+            del data["norm_placement"], data["residual_scale"]
         if self.id2label is not None:
             data["id2label"] = {str(i): name for i, name in self.id2label.items()}
             data["label2id"] = self.label2id

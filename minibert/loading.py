@@ -72,6 +72,9 @@ def tensor_map(config: BertConfig, *, with_pooler: bool = True, with_mlm_head: b
         for theirs, ours, w_shape, b_shape in per_block:
             rows.append((f"encoder.layer.{i}.{theirs}.weight", f"encoder.blocks.{i}.{ours}.weight", w_shape))
             rows.append((f"encoder.layer.{i}.{theirs}.bias", f"encoder.blocks.{i}.{ours}.bias", b_shape))
+    if config.norm_placement == "pre":  # the pre-LN stack's last LayerNorm (models/norms.py; not in BERT)
+        rows.append(("encoder.final_norm.weight", "encoder.final_norm.weight", (H,)))
+        rows.append(("encoder.final_norm.bias", "encoder.final_norm.bias", (H,)))
     if with_pooler:
         rows.append(("pooler.dense.weight", "pooler.dense.weight", (H, H)))
         rows.append(("pooler.dense.bias", "pooler.dense.bias", (H,)))
@@ -396,6 +399,7 @@ def _take(model, state, dtype, device, path, skipped):
     ``dtype="int8"``: fp32 weights, then the blocks' linear layers quantised (``minibert.quantize``)."""
     int8 = isinstance(dtype, str) and dtype.lower() == "int8"
     encoder = encoder_of(model)
+    check_norm_placement(encoder, f"{path} (loading)", stacklevel=5)  # at the from_pretrained call
     if getattr(encoder, "mlm_head", None) is not None and not encoder.config.tie_word_embeddings:
         from .untied import UntiedMaskedLMHead
 
@@ -422,6 +426,24 @@ def _take(model, state, dtype, device, path, skipped):
     return model
 
 
+def check_norm_placement(encoder, where: str, stacklevel: int) -> None:
+    """A config whose ``norm_placement`` is not BERT's post-LN needs a model built for it (minibert.BertModel,
+    ``models/norms.py``), and such a checkpoint is minibert's alone: transformers would compute BERT's
+    post-LN blocks from it. Said as a warning on every load and save; a model that does not compute what its
+    config says is refused (``where``: the path, and loading or saving)."""
+    placement = encoder.config.norm_placement
+    if getattr(encoder, "norm_placement", "post") != placement:
+        raise InputError(f"{where}: config.json says norm_placement={placement!r}, which "
+                         f"{type(encoder).__module__}.{type(encoder).__name__} does not build (it is BERT's post-LN): "
+                         "use minibert.BertModel, whose blocks follow the config")
+    if placement != "post":
+        import warnings
+
+        warnings.warn(f"a {placement} model (norm_placement={placement!r}, an ablation: minibert's models/norms.py) "
+                      "is read back as itself by minibert only -- transformers' BertModel would load it as BERT's "
+                      "post-LN and compute something else", stacklevel=stacklevel)  # one text: said once a process
+
+
 # ----------------------------------------------------------------------------------------- saving
 def save_model(model, directory) -> None:
     """config.json + model.safetensors in transformers' layout: BertModel's; BertForMaskedLM's with a
@@ -433,6 +455,7 @@ def save_model(model, directory) -> None:
     params = dict(model.named_parameters())
     task = hasattr(model, "checkpoint_head")
     encoder = model.bert if task else model
+    check_norm_placement(encoder, f"{directory} (saving)", stacklevel=4)  # at save_pretrained's caller
     mlm = getattr(encoder, "mlm_head", None) is not None
     rows = [(f"bert.{theirs}" if (mlm or task) and not theirs.startswith("cls.") else theirs,
              f"bert.{ours}" if task else ours, shape)

@@ -287,3 +287,88 @@ def cut_vs_grown_figure(entry: dict, teacher: dict, path) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle("Cut from the deepest model, grown from scratch, or distilled from it", fontsize=10)
     return _save(fig, Path(path))
+
+
+def block_gradients(records: list[dict], path, title="Per-block gradients") -> Path:
+    """A run's per-block diagnostics (``training.diagnostics``: the ``log.jsonl`` lines that hold
+    ``grad_norm``): the gradient norm (left) and the update-to-weight ratio (right) of each block against
+    the step, one line per block on a log scale, the first block lightest."""
+    records = [r for r in records if r.get("grad_norm")]
+    if not records:
+        raise InputError("no per-block gradient records (log.jsonl lines with grad_norm): train with --grad-every")
+    plt = _pyplot()
+    blocks = len(records[0]["grad_norm"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    colours = plt.get_cmap("viridis")
+    for ax, key, label in ((axes[0], "grad_norm", "gradient norm"), (axes[1], "update_ratio", "||update|| / ||weight||")):
+        steps = [r["step"] for r in records]
+        for b in range(blocks):
+            values = [r[key][b] if len(r[key]) > b else math.nan for r in records]
+            ax.plot(steps, values, "o-" if len(steps) < 30 else "-", markersize=3,
+                    color=colours(b / max(1, blocks - 1) * 0.9), label=f"block {b}")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, ncol=2 if blocks > 6 else 1)
+    fig.suptitle(_wrap(title, 90), fontsize=10)
+    return _save(fig, path)
+
+
+def gradients_at_init(runs: dict[str, list[float]], path, title="Gradient norm per block at initialisation") -> Path:
+    """Xiong et al.'s picture: the first step's gradient norm of each block, one line per model (``runs``:
+    a label -> its per-block norms, e.g. {"post-LN": [...], "pre-LN": [...]}), log scale."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, norms in runs.items():
+        ax.plot(range(len(norms)), norms, "o-", label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("block (0 = nearest the input)")
+    ax.set_ylabel("gradient norm, step 1")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    ax.set_title(_wrap(title, 70), fontsize=10)
+    return _save(fig, path)
+
+
+def stability_figures(rows: list[dict], runs: list[dict], folder, name: str = "depth") -> list[Path]:
+    """A stability study's figures (``runs.depth_study`` with several norm placements or warmups), equal
+    steps: ``{name}_stuck.png`` (the share of runs left on the unigram plateau vs blocks, one line per
+    placement and warmup), ``{name}_loss_by_norm.png`` (held-out masked-LM loss vs blocks, the same lines)
+    and ``{name}_grad_init.png`` (the deepest models' gradient norm per block at the first step, one line per
+    placement: Xiong et al. 2020's picture)."""
+    plt = _pyplot()
+    folder = Path(folder)
+    written = []
+    steps = [r for r in rows if r["budget"] == "steps"] or rows
+    lines = sorted({(r["norm"], r["warmup"]) for r in steps})
+    for key, ylabel, suffix, title in (("stuck_share", "share of runs stuck on the unigram plateau", "stuck",
+                                        "Which runs stay on the unigram plateau"),
+                                       ("eval_loss", "held-out masked-LM loss", "loss_by_norm",
+                                        "Held-out loss by norm placement and warmup")):
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for norm, warmup in lines:
+            mine = sorted((r for r in steps if (r["norm"], r["warmup"]) == (norm, warmup) and key in r),
+                          key=lambda r: r["depth"])
+            if mine:
+                ax.plot([r["depth"] for r in mine], [r[key] for r in mine], "o-" if norm != "post" else "s--",
+                        label=f"{norm}, warmup {warmup:g}")
+        ax.set_xlabel("blocks")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(sorted({r["depth"] for r in steps}))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        ax.set_title(title + " (equal steps)", fontsize=10)
+        written.append(_save(fig, folder / f"{name}_{suffix}.png"))
+    measured = [r for r in runs if r.get("grad_init")]
+    if measured:
+        deepest = max(r["depth"] for r in measured)
+        chosen = {}
+        for r in sorted(measured, key=lambda r: (r["seed"], r.get("warmup", 0.06))):
+            if r["depth"] == deepest:
+                chosen.setdefault(r.get("norm", "post"), r["grad_init"])
+        written.append(gradients_at_init({f"{norm}": norms for norm, norms in chosen.items()},
+                                         folder / f"{name}_grad_init.png",
+                                         title=f"Gradient norm per block at initialisation, {deepest} blocks"))
+    return written

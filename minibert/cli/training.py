@@ -259,9 +259,10 @@ def cmd_pretrain(args) -> int:
         print(f"nothing to resume: {args.out} holds a finished run of {summary.get('steps', '?')} steps; nothing written")
         return 0
     resumed = summary.pop("resumed_from", None)
-    described = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items())
+    described = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()
+                          if not isinstance(v, (list, dict)))  # per-block lists and the plateau: in log.jsonl
     out = Path(args.out)
-    written = ["the model", "its tokenizer", "log.jsonl"]
+    written = ["the model", "its tokenizer", "log.jsonl"] + (["gradients.png"] if (out / "gradients.png").exists() else [])
     written += [f"{name}/" for name in ("checkpoints", "snapshots") if (out / name).is_dir() and any((out / name).iterdir())]
     print(f"pre-trained {summary['steps']} steps{f' (resumed from step {resumed})' if resumed else ''} ({described}); "
           f"wrote {args.out}: {', '.join(written)}")
@@ -287,12 +288,16 @@ def cmd_depth_study(args) -> int:
     run = from_args(DepthStudyRun, args).with_preset(given(args))
     with lines_to(sys.stderr, enabled=run.progress):
         results = study(run)
-    print(f"{'blocks':>6}  {'budget':>7}  {'seeds':>5}  {'steps':>6}  {'held-out loss':>13}  {'accuracy':>8}  "
-          f"{'probe':>6}  {'task':>6}")
+    print(f"{'blocks':>6}  {'budget':>7}  {'norm':>8}  {'warmup':>6}  {'seeds':>5}  {'steps':>6}  "
+          f"{'held-out loss':>13}  {'accuracy':>8}  {'stuck':>5}  {'probe':>6}  {'task':>6}  {'random':>6}")
+    nan = float("nan")
     for r in summary_rows(results):
-        print(f"{r['depth']:>6}  {r['budget']:>7}  {r['seeds']:>5}  {r['steps']:>6}  {r['eval_loss']:>13.3f}  "
-              f"{r['masked_accuracy']:>8.3f}  {r.get('probe_best', float('nan')):>6.3f}  "
-              f"{r.get('task_accuracy', float('nan')):>6.3f}")
+        print(f"{r['depth']:>6}  {r['budget']:>7}  {r['norm']:>8}  {r['warmup']:>6g}  {r['seeds']:>5}  {r['steps']:>6}  "
+              f"{r['eval_loss']:>13.3f}  {r['masked_accuracy']:>8.3f}  {r.get('stuck_share', nan):>5.2f}  "
+              f"{r.get('probe_best', nan):>6.3f}  {r.get('task_accuracy', nan):>6.3f}  "
+              f"{r.get('task_accuracy_random', nan):>6.3f}")
+    print(f"(stuck: the share of seeds whose held-out masked accuracy is still the unigram rate, "
+          f"{results.get('unigram_rate', nan):.3f}; random: the same task fine-tuned from random initialisation)")
     if run.cut_vs_grown:
         entry = results["cut_vs_grown"]
         print(f"\ncut from {entry['teacher']}, grown from scratch, distilled from it (same tokens):")

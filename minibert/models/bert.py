@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from ..model import BertModel as TextbookBertModel
 from ..tools import accounting, fast, hooks, surgery
+from .norms import place_norms
 
 
 class BertModel(TextbookBertModel):
     """``minibert.model.BertModel`` with the tools as methods. ``from_pretrained``, ``save_pretrained``,
-    the forward pass and every parameter are the textbook model's."""
+    the forward pass and every parameter are the textbook model's -- unless ``config.norm_placement`` asks
+    for one of the ablations of ``models/norms.py`` (pre-LN, DeepNorm), which only this class builds."""
+
+    def __init__(self, config, *, add_pooler: bool = True, add_mlm_head: bool = False):
+        super().__init__(config, add_pooler=add_pooler, add_mlm_head=add_mlm_head)
+        place_norms(self, config)  # BERT's post-LN: nothing changes
 
     def forward(self, *args, fast: bool = False, **kwargs):
         """As ``minibert.model.BertModel.forward``; ``fast=True`` runs ``minibert.tools.fast.prepare(self)``

@@ -40,6 +40,7 @@ from typing import Sequence
 
 from ..errors import InputError
 from ..textfiles import write_text_atomic
+from ..training.diagnostics import on_plateau, special_ids, unigram_rate
 from .settings import BUDGETS, QUICK_STUDY, DepthStudyConfig, DepthStudyRun  # noqa: F401  (declared with the runs')
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,13 @@ class StudyRun:
     seed: int
     steps: int
     flops: int  # training FLOPs of the whole run
+    norm: str = "post"  # where each block's LayerNorm sits (models/norms.py)
+    warmup: float = 0.06  # the share of the steps spent warming up
 
     @property
-    def name(self) -> str:
-        return f"L{self.depth}-{self.budget}-seed{self.seed}"
+    def name(self) -> str:  # BERT's post-LN with the default warmup keeps the name studies had before
+        return (f"L{self.depth}-{self.budget}-seed{self.seed}" + ("" if self.norm == "post" else f"-{self.norm}")
+                + ("" if self.warmup == 0.06 else f"-warmup{self.warmup:g}"))
 
 
 def bert_config(config: DepthStudyConfig, depth: int, vocab_size: int):
@@ -79,13 +83,15 @@ def plan(config: DepthStudyConfig, vocab_size: int) -> list[StudyRun]:
                 for d in {*config.depths, config.reference_depth}}
     budget = config.steps * per_step[config.reference_depth]
     runs = []
-    if "steps" in config.budgets:
-        runs += [StudyRun(d, "steps", seed, config.steps, config.steps * per_step[d])
-                 for seed in config.seeds for d in config.depths]
-    if "compute" in config.budgets:
-        for d in config.depths:
-            steps = max(1, round(budget / per_step[d]))
-            runs.append(StudyRun(d, "compute", config.seeds[0], steps, steps * per_step[d]))
+    for norm in config.norms:  # (per-block FLOPs do not depend on where the LayerNorm sits)
+        for warmup in config.warmups:
+            if "steps" in config.budgets:
+                runs += [StudyRun(d, "steps", seed, config.steps, config.steps * per_step[d], norm, warmup)
+                         for seed in config.seeds for d in config.depths]
+            if "compute" in config.budgets:
+                for d in config.depths:
+                    steps = max(1, round(budget / per_step[d]))
+                    runs.append(StudyRun(d, "compute", config.seeds[0], steps, steps * per_step[d], norm, warmup))
     return runs
 
 
@@ -141,7 +147,8 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
             log.info(f"{', '.join(remeasure)} changed since the study measured its runs: measuring every finished run "
                      "again with the new file(s)")
         store = out_dir / "store"
-        TokenStore.build(files, tokenizer, store, progress=log.isEnabledFor(logging.INFO))  # once, shared by every run
+        built = TokenStore.build(files, tokenizer, store, progress=log.isEnabledFor(logging.INFO))  # shared by every run
+        results["unigram_rate"] = unigram_rate(built.stream, special_ids(tokenizer))[0]  # the plateau's accuracy
         runs = plan(config, len(tokenizer.vocab))
         (out_dir / "runs").mkdir(exist_ok=True)
         (out_dir / "tasks").mkdir(exist_ok=True)
@@ -175,8 +182,9 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
             log.info(f"[{k + 1}/{len(runs)}] {run_.name}: {run_.steps} steps ({run_.flops / 1e12:.2f} TFLOP)")
             run_folder = out_dir / "runs" / run_.name
             measures = _pretrain_one(run_, run_folder, files, store, vocab, eval_texts, config, device=device)
+            measures["stuck"] = on_plateau(measures["masked_accuracy"], results["unigram_rate"])
             measures.update(_measure(run_folder, config, tokenizer, probe_data, task_train, task_eval,
-                                     out_dir / "tasks", device))
+                                     out_dir / "tasks", device, control=_is_control_run(run_, runs, config)))
             results["runs"][run_.name] = {**asdict(run_), **measures}
             write_text_atomic(path, json.dumps(results, indent=2) + "\n")
         results["speed"] = _forward_times([out_dir / "runs" / r.name for r in runs if r.budget == runs[0].budget
@@ -215,7 +223,8 @@ def _twin(runs: list, k: int):
     """An earlier run of the plan that is the same run as ``runs[k]`` (equal compute at the reference depth
     is equal steps): measured once, its measures copied."""
     run = runs[k]
-    return next((r for r in runs[:k] if (r.depth, r.steps, r.seed) == (run.depth, run.steps, run.seed)), None)
+    same = (run.depth, run.steps, run.seed, run.norm, run.warmup)
+    return next((r for r in runs[:k] if (r.depth, r.steps, r.seed, r.norm, r.warmup) == same), None)
 
 
 def study_inputs(files, vocab, eval_files, conllu, task_train, task_eval) -> dict:
@@ -274,28 +283,40 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
     from .pretrain import run_pretraining
     from .settings import PretrainRun
 
-    pconfig = PretrainConfig(steps=run.steps, batch_size=config.batch_size, lr=config.lr, warmup=config.warmup,
+    pconfig = PretrainConfig(steps=run.steps, batch_size=config.batch_size, lr=config.lr, warmup=run.warmup,
                              bf16=config.bf16, eval_every=run.steps, eval_examples=config.eval_examples,
                              save_every=max(1, run.steps // 4), keep=1, log_every=max(1, run.steps // 20),
+                             grad_every=max(1, run.steps // 20), plateau_step=run.steps,
                              snapshots=config.snapshots, seed=run.seed, progress=log.isEnabledFor(logging.INFO))
     finished = folder / "pretrain.json"
     if finished.exists():  # trained before the study stopped, not yet measured: its summary is on disk
         saved = json.loads(finished.read_text(encoding="utf-8"))
         if saved.get("steps") == run.steps and "eval_loss" in saved.get("last", {}):
-            return _pretrain_measures(saved["last"], run, config)
+            return _pretrain_measures(saved["last"], run, config, folder)
     with warnings.catch_warnings():  # a run is resumed when it was started before, begun when not: both are normal
         warnings.filterwarnings("ignore", message="(resume|nothing to resume)")
+        warnings.filterwarnings("ignore", message="a (pre|deepnorm) model")  # the study knows it made one
         summary = run_pretraining(PretrainRun(**dataclasses.asdict(pconfig), corpus=files, out=folder,
                                               layers=run.depth, hidden=config.hidden, heads=config.heads,
                                               intermediate=config.intermediate, vocab=str(vocab),
                                               max_length=config.max_length, eval_texts=eval_texts,
                                               dropout=config.dropout, resume=True, store=store, teacher=teacher,
-                                              device=device))
-    return _pretrain_measures(summary, run, config)
+                                              device=device, norm=run.norm))
+    return _pretrain_measures(summary, run, config, folder)
 
 
-def _pretrain_measures(summary: dict, run: StudyRun, config: DepthStudyConfig) -> dict:
-    return _loss_measures(summary, tokens=run.steps * config.batch_size * config.max_length)
+def _pretrain_measures(summary: dict, run: StudyRun, config: DepthStudyConfig, folder: Path) -> dict:
+    """The held-out measures and, from the run's log.jsonl, the per-block gradient norms of its first step
+    (at initialisation) and of its last record (``training.diagnostics``)."""
+    out = _loss_measures(summary, tokens=run.steps * config.batch_size * config.max_length)
+    log_path = folder / "log.jsonl"
+    if log_path.exists():
+        records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        measured = [r for r in records if r.get("grad_norm")]
+        if measured:
+            out.update(grad_init=measured[0]["grad_norm"], grad_last=measured[-1]["grad_norm"],
+                       update_ratio_last=measured[-1]["update_ratio"])
+    return out
 
 
 def _loss_measures(evaluated: dict, tokens: int) -> dict:
@@ -311,10 +332,10 @@ def best_probe(measures: dict) -> float:
 
 
 def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task_train, task_eval, work: Path,
-             device=None, what=None) -> dict:
+             device=None, what=None, control: bool = False) -> dict:
     """A trained model's measures: its parameters, the probe per layer (``probe_data``), fine-tuning
-    accuracy on the task (on ``device``). ``what``: only the measures of these options ("--conllu",
-    "--task-train / --task-eval"; None: all)."""
+    accuracy on the task (on ``device``), and with ``control`` the same task from random initialisation.
+    ``what``: only the measures of these options ("--conllu", "--task-train / --task-eval"; None: all)."""
     from ..models import BertModel
 
     model = BertModel.from_pretrained(folder)
@@ -330,17 +351,49 @@ def _measure(folder: Path, config: DepthStudyConfig, tokenizer, probe_data, task
         out.update(probe_accuracy=probe.accuracy, probe_control=probe.control_accuracy,
                    probe_selectivity=probe.selectivity, probe_best_layer=probe.best_layer)
     if task_train is not None:
-        from .finetune import finetune
-        from .settings import FinetuneRun
-
-        with warnings.catch_warnings():  # a masked-LM checkpoint has no pooler: the classifier starts a fresh one
-            warnings.filterwarnings("ignore", message=".*has no pooler")
-            history = finetune(FinetuneRun(train=task_train, eval=task_eval, model=str(folder), out=work / folder.name,
-                                           epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False,
-                                           batch_size=32, max_length=64, device=device, overwrite=True))
-        out["task_accuracy"] = history.best_metric
+        out["task_accuracy"] = _task_accuracy(folder, config, task_train, task_eval, work / folder.name, device)
+        if control:  # once a depth and norm placement
+            out["task_accuracy_random"] = _random_control(folder, config, task_train, task_eval, work, device)
     log.info("  " + ", ".join(f"{k} {v:.4g}" for k, v in out.items() if isinstance(v, float)))
     return out
+
+
+def _is_control_run(run: StudyRun, runs: list[StudyRun], config: DepthStudyConfig) -> bool:
+    """Whether the random-init control of ``run``'s depth and norm placement is measured with it: the first
+    seed's run of the first budget and warmup."""
+    return (run.seed, run.budget, run.warmup) == (config.seeds[0], runs[0].budget, config.warmups[0])
+
+
+def _task_accuracy(folder: Path, config: DepthStudyConfig, task_train, task_eval, out: Path, device) -> float:
+    """The best held-out accuracy of the model in ``folder`` fine-tuned on the task (every model alike)."""
+    from .finetune import finetune
+    from .settings import FinetuneRun
+
+    with warnings.catch_warnings():  # a masked-LM checkpoint has no pooler: the classifier starts a fresh one
+        warnings.filterwarnings("ignore", message=".*has no pooler")
+        warnings.filterwarnings("ignore", message="a (pre|deepnorm) model")
+        history = finetune(FinetuneRun(train=task_train, eval=task_eval, model=str(folder), out=out,
+                                       epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False,
+                                       batch_size=32, max_length=64, device=device, overwrite=True))
+    return history.best_metric
+
+
+def _random_control(folder: Path, config: DepthStudyConfig, task_train, task_eval, work: Path, device) -> float:
+    """The control: a model of ``folder``'s geometry and norm placement, randomly initialised (seed 0) and
+    fine-tuned on the task exactly as the pre-trained ones are -- what the task alone teaches that depth."""
+    from ..config import BertConfig
+    from ..loading import copy_tokenizer
+    from ..models import BertModel
+
+    import torch
+
+    torch.manual_seed(0)
+    random_dir = work / f"random-{folder.name}"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="a (pre|deepnorm) model")
+        BertModel(BertConfig.from_json_file(folder / "config.json")).save_pretrained(random_dir)
+    copy_tokenizer(folder, random_dir)
+    return _task_accuracy(random_dir, config, task_train, task_eval, work / f"random-{folder.name}-task", device)
 
 
 def _forward_times(folders: list[Path], config: DepthStudyConfig, rounds: int = 7) -> dict:
@@ -498,19 +551,27 @@ def _cut_vs_grown(study: _OpenStudy, conllu, task_train, task_eval, temperature,
 
 # ---------------------------------------------------------------------------------------------- figures
 def summary_rows(results: dict) -> list[dict]:
-    """One row per (depth, budget): the mean over seeds of each measure, with the seeds' spread."""
-    groups: dict[tuple[int, str], list[dict]] = {}
+    """One row per (depth, budget, norm placement, warmup): the mean over seeds of each measure, with the
+    seeds' spread and the share of runs stuck on the unigram plateau."""
+    groups: dict[tuple, list[dict]] = {}
     for run in results["runs"].values():
-        groups.setdefault((run["depth"], run["budget"]), []).append(run)
+        groups.setdefault((run["depth"], run["budget"], run.get("norm", "post"), run.get("warmup", 0.06)), []).append(run)
     rows = []
-    for (depth, budget), runs in sorted(groups.items(), key=lambda kv: (BUDGETS.index(kv[0][1]), kv[0][0])):
+    for (depth, budget, norm, warmup), runs in sorted(groups.items(), key=lambda kv: (BUDGETS.index(kv[0][1]),
+                                                                                      kv[0][2], kv[0][3], kv[0][0])):
         losses = [r["eval_loss"] for r in runs]
-        row = {"depth": depth, "budget": budget, "seeds": len(runs), "steps": runs[0]["steps"],
-               "tokens": runs[0]["tokens"], "flops": runs[0]["flops"], "parameters": runs[0]["parameters"],
-               "eval_loss": statistics.mean(losses), "eval_loss_range": [min(losses), max(losses)],
+        row = {"depth": depth, "budget": budget, "norm": norm, "warmup": warmup, "seeds": len(runs),
+               "steps": runs[0]["steps"], "tokens": runs[0]["tokens"], "flops": runs[0]["flops"],
+               "parameters": runs[0]["parameters"], "eval_loss": statistics.mean(losses),
+               "eval_loss_range": [min(losses), max(losses)],
                "masked_accuracy": statistics.mean(r["masked_accuracy"] for r in runs)}
+        if all("stuck" in r for r in runs):
+            row["stuck_share"] = sum(bool(r["stuck"]) for r in runs) / len(runs)
         if "task_accuracy" in runs[0]:
             row["task_accuracy"] = statistics.mean(r["task_accuracy"] for r in runs)
+        controls = [r["task_accuracy_random"] for r in runs if "task_accuracy_random" in r]
+        if controls:
+            row["task_accuracy_random"] = statistics.mean(controls)
         if "probe_accuracy" in runs[0]:
             row["probe_best"] = statistics.mean(best_probe(r) for r in runs)
         rows.append(row)
@@ -519,11 +580,20 @@ def summary_rows(results: dict) -> list[dict]:
 
 def plot_study(results: dict, folder, name: str = "depth") -> list[Path]:
     """The study's figures in ``folder`` (``analysis.plots.depth_study_figures``): loss vs depth for both
-    budgets, downstream vs depth, every depth's probe curve; and ``{name}_cut.png`` when the study has a
-    cut-vs-grown comparison (``cut_vs_grown``). Returns the files written."""
-    from ..analysis.plots import depth_study_figures
+    budgets, downstream vs depth, every depth's probe curve -- for the first norm placement and warmup --;
+    with several placements or warmups, the stability figures (``analysis.plots.stability_figures``); and
+    ``{name}_cut.png`` when the study has a cut-vs-grown comparison (``cut_vs_grown``). Returns the files."""
+    from ..analysis.plots import depth_study_figures, stability_figures
 
-    written = depth_study_figures(summary_rows(results), list(results["runs"].values()), folder, name)
+    config = results["config"]
+    first = (config.get("norms", ["post"])[0], config.get("warmups", [0.06])[0])
+    rows = summary_rows(results)
+    runs = list(results["runs"].values())
+    written = depth_study_figures([r for r in rows if (r["norm"], r["warmup"]) == first],
+                                  [r for r in runs if (r.get("norm", "post"), r.get("warmup", 0.06)) == first],
+                                  folder, name)
+    if len({(r["norm"], r["warmup"]) for r in rows}) > 1 or any("grad_init" in r for r in runs):
+        written += stability_figures(rows, runs, folder, name)
     entry = results.get("cut_vs_grown")
     if entry and entry["depths"]:
         from ..analysis.plots import cut_vs_grown_figure

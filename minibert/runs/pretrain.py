@@ -67,6 +67,7 @@ def run_pretraining(run: PretrainRun) -> dict:
     ``BertForMaskedLM``) the model also learns from, DistilBERT's way (``distill.MaskedLMDistiller`` with
     ``temperature``, default 2, and ``alpha``, default 0.5; not with NSP). ``untied``: from scratch, a
     masked-LM decoder of its own instead of the word embeddings (``untied.py``; not BERT, an ablation).
+    ``norm``: from scratch, where each block's LayerNorm sits (``models/norms.py``: post, pre, deepnorm).
     ``device``: where the model trains (fp16 needs CUDA).
 
     ``run.out`` follows the output-folder rule (``outputs.RunFolder``): not a model folder read here, empty
@@ -91,7 +92,8 @@ def run_pretraining(run: PretrainRun) -> dict:
     temperature, alpha = _teacher_weights(run)
     settings = {"corpus": [resolved(f) for f in files], "model": resolved(run.model), "vocab": resolved(run.vocab),
                 "layers": shape.num_hidden_layers, "hidden": shape.hidden_size, "heads": shape.num_attention_heads,
-                "intermediate": shape.intermediate_size, "untied": run.untied, "max_length": run.max_length,
+                "intermediate": shape.intermediate_size, "untied": run.untied, "norm": shape.norm_placement,
+                "max_length": run.max_length,
                 "nsp": run.nsp, "whole_word": run.whole_word, "mask": run.mask,
                 "mix": None if run.mix is None else [resolved(mix_files[0]), mix_share],
                 "eval_texts": None if eval_files is None else [resolved(f) for f in eval_files], "dropout": run.dropout,
@@ -112,7 +114,9 @@ def run_pretraining(run: PretrainRun) -> dict:
         if run.scratch:
             log.info(f"from scratch: {shape.num_hidden_layers} x {shape.hidden_size}, {shape.num_attention_heads} heads, "
                      f"FFN {shape.intermediate_size}, vocabulary {shape.vocab_size:,}"
-                     f"{', untied decoder' if run.untied else ''} ({sum(p.numel() for p in net.parameters()):,} parameters)")
+                     f"{', untied decoder' if run.untied else ''}"
+                     f"{'' if run.norm == 'post' else ', ' + run.norm + ' norm placement'}"
+                     f" ({sum(p.numel() for p in net.parameters()):,} parameters)")
         net.to(where)
         if teacher is not None and next(teacher.parameters()).device != where:
             teacher = copy.deepcopy(teacher).to(where)  # the caller's teacher stays where it is
@@ -171,6 +175,7 @@ def _models(run: PretrainRun, config: PretrainConfig):
     """(the model to train, its tokenizer, the teacher or None): built from scratch (``run.geometry`` or
     sizes, ``run.vocab``) or loaded (``run.model``), checked against ``max_length`` and the tokenizer."""
     from ..checks import check_max_length
+    from ..models.norms import norm_config
     from ..models.pretraining import BertForMaskedLM, BertForPreTraining
 
     cls = BertForPreTraining if run.nsp else BertForMaskedLM
@@ -178,7 +183,7 @@ def _models(run: PretrainRun, config: PretrainConfig):
         tokenizer = BertTokenizer.from_pretrained(run.vocab)
         bert_config = geometry_config(len(tokenizer.vocab), geometry=run.geometry, layers=run.layers,
                                       hidden=run.hidden, heads=run.heads, intermediate=run.intermediate)
-        bert_config = dataclasses.replace(bert_config, tie_word_embeddings=not run.untied)
+        bert_config = norm_config(dataclasses.replace(bert_config, tie_word_embeddings=not run.untied), run.norm)
         check_max_length("--max-length", run.max_length, bert_config.max_position_embeddings, pair=run.nsp)
         check_training_memory(bert_config, config, run.max_length, run.mask)
         net = cls.from_config(bert_config, seed=config.seed)

@@ -290,6 +290,10 @@ class PretrainRun(PretrainConfig):
     vocab: str | None = setting(None, "from scratch: a folder with vocab.txt (and tokenizer_config.json)")
     untied: bool = setting(False, "from scratch: a masked-LM decoder of its own instead of the word embeddings (not "
                            "BERT: an ablation, see the pre-training results page)")
+    norm: str = setting("post", "from scratch: where each block's LayerNorm sits -- post (BERT's), pre (pre-LN with a "
+                        "final LayerNorm) or deepnorm (post-LN with DeepNorm's residual scale and init); not BERT "
+                        "but post: an ablation only minibert reads back (models/norms.py)",
+                        choices=("post", "pre", "deepnorm"))
     max_length: int = setting(128, "tokens an example, [CLS] and [SEP] included: 3 (5 with --nsp) to the model's "
                               "positions", low=3)
     mask: float = setting(0.15, "share of tokens masked", low=0.0, strict=True, below=1.0)
@@ -330,6 +334,9 @@ class PretrainRun(PretrainConfig):
         if self.untied and not self.scratch:
             raise InputError("--untied makes a new decoder from scratch: a continued model keeps its checkpoint's "
                              "head (config.json's tie_word_embeddings)")
+        if self.norm != "post" and not self.scratch:
+            raise InputError(f"--norm {self.norm} builds a new model from scratch: a continued model keeps its "
+                             "checkpoint's norm placement (config.json's norm_placement)")
         if self.scratch and self.vocab is None:
             raise InputError("from scratch, give --vocab FOLDER (a vocab.txt and tokenizer_config.json, e.g. "
                              "weights/all-MiniLM-L6-v2): the ids the model learns")
@@ -360,7 +367,10 @@ class DepthStudyConfig:
     batch_size: int = setting(32, "examples a step", low=1)
     max_length: int = setting(128, "tokens an example, [CLS] and [SEP] included", low=3)
     lr: float = setting(1e-3, "peak learning rate", low=0.0, strict=True)
-    warmup: float = setting(0.06, "share of the steps spent warming up", low=0.0, high=1.0, cli=False)
+    warmups: tuple[float, ...] = setting((0.06,), "shares of the steps spent warming up, e.g. 0,0.01,0.06,0.2 (each a "
+                                         "run of every depth and seed)", low=0.0, high=1.0)
+    norms: tuple[str, ...] = setting(("post",), "norm placements, e.g. post,pre,deepnorm (each a run of every depth "
+                                     "and seed; models/norms.py)")
     dropout: float = setting(0.0, "dropout while pre-training (short runs learn faster without it: Geiping & "
                              "Goldstein 2022, \"Cramming\")", low=0.0, below=1.0, cli=False)
     bf16: bool = setting(False, "bf16 autocast while pre-training")
@@ -387,6 +397,12 @@ class DepthStudyConfig:
             raise InputError(f"seeds={self.seeds!r}: give one or more different seeds")
         for seed in self.seeds:
             check_seed("seeds (--seeds)", seed)
+        from ..config import NORM_PLACEMENTS
+
+        if not self.norms or any(n not in NORM_PLACEMENTS for n in self.norms) or len(set(self.norms)) < len(self.norms):
+            raise InputError(f"norms={self.norms!r}: one or more different placements of {NORM_PLACEMENTS}")
+        if not self.warmups or len(set(self.warmups)) < len(self.warmups):
+            raise InputError(f"warmups={self.warmups!r}: give one or more different warmup shares")
 
 
 #: --quick: minutes, not hours (a tutorial, a smoke test): small widths, few steps

@@ -42,8 +42,9 @@ freed on demand with ``release(model)``; ``cached_bytes(model)`` says what they 
 freed block by block. ``tf32=True`` lets fp32 products on a GPU run in TensorFloat-32 (off by default).
 
 Outputs at padded positions are zeros (the readable path leaves arbitrary, unused values there). When
-attention maps, hooks (minibert's or torch's own module hooks) or training mode are involved the call
-goes to the readable model instead, since only it computes those.
+attention maps, hooks (minibert's or torch's own module hooks), training mode or a norm placement other
+than BERT's (``models/norms.py``) are involved the call goes to the readable model instead, since only it
+computes those.
 """
 
 from __future__ import annotations
@@ -447,7 +448,8 @@ class FastBert:
         model = self.model
         num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
         keep = kept_states(output_hidden_states, model.config, num_blocks)
-        readable = output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model)
+        readable = (output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model)
+                    or model.config.norm_placement != "post")  # the fused blocks are BERT's post-LN ones
         packed = None if readable else _packed(model, self.fp32_kernel)  # its staleness checked once a call
         if readable or packed.torch_hooked():
             # the readable path: model.py's own forward, whatever calling convention a subclass adds
@@ -627,6 +629,9 @@ class Stepper:
     def __init__(self, model: BertModel, input_ids, attention_mask=None, token_type_ids=None, position_ids=None):
         if model.training or has_hooks(model):
             raise InputError("Stepper runs the inference fast path: put the model in eval mode, remove hooks")
+        if model.config.norm_placement != "post":
+            raise InputError(f"Stepper runs the fused blocks of BERT's post-LN; this model's norm placement is "
+                             f"{model.config.norm_placement!r} (models/norms.py): run the model itself")
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
         B, T = input_ids.shape

@@ -46,6 +46,8 @@ def keep_blocks(model, indices, what: str = "keep_blocks(indices)"):
                           add_mlm_head=getattr(model, "mlm_head", None) is not None)
     new.embeddings = copy.deepcopy(model.embeddings)
     new.encoder.blocks = torch.nn.ModuleList(copy.deepcopy(model.encoder.blocks[i]) for i in chosen)
+    if hasattr(model.encoder, "final_norm"):  # a pre-LN stack's last LayerNorm (models/norms.py)
+        new.encoder.final_norm = copy.deepcopy(model.encoder.final_norm)
     if model.pooler is not None:
         new.pooler = copy.deepcopy(model.pooler)
     if new.mlm_head is not None:

@@ -51,6 +51,7 @@ from torch import nn
 
 from ..errors import InputError
 from . import ddp
+from .diagnostics import BlockGradients, watched_step
 from .settings import FitConfig  # noqa: F401  (the loop's settings; declared with the others, no torch there)
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ def model_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 def train(state: TrainState, steps: Iterable[list[dict]], loss: Callable[[nn.Module, dict], torch.Tensor], config,
           *, half: torch.dtype | None = None, trained: nn.Module | None = None, kept="nothing is kept",
-          after_step: Callable[[list[float], list[dict]], None] | None = None) -> None:
+          after_step: Callable[[list[float], list[dict]], None] | None = None,
+          probe: BlockGradients | None = None) -> None:
     """The one training loop every run goes through (fine-tuning, pre-training, distillation, early exits)::
 
         for each step's micro-batches (``steps``: lists of up to ``config.accumulate`` batches):
@@ -131,6 +133,9 @@ def train(state: TrainState, steps: Iterable[list[dict]], loss: Callable[[nn.Mod
                 loss(trained, batch) under autocast (``half``); stop if it is not finite; backward(loss / accumulate)
             clip the gradient norm (stop if it is not finite); AdamW step; learning-rate step
             state.step += 1; after_step(the micro-batches' losses, the micro-batches)
+
+    ``probe`` (``diagnostics.BlockGradients``) measures each block's gradient norm and update-to-weight ratio
+    around the optimiser step on the steps it wants.
 
     ``trained`` is the module the loss runs through: ``state.model`` itself, or, under torchrun, its
     ``ddp.wrap`` -- then the gradients are averaged over the processes once a step (``no_sync`` before the
@@ -152,9 +157,10 @@ def train(state: TrainState, steps: Iterable[list[dict]], loss: Callable[[nn.Mod
                 check_finite(model, state.step + 1, values[-1], lr=config.lr, scaler=state.scaler, kept=kept)
                 scaled = value.float() / config.accumulate
                 (state.scaler.scale(scaled) if state.scaler else scaled).backward()
-        optimizer_step(model, state.optimizer, state.scheduler, config, state.scaler,
-                       check=lambda norm: check_finite(model, state.step + 1, sum(values) / len(values), norm,
-                                                       lr=config.lr, scaler=state.scaler, kept=kept))
+        watched_step(probe, state.step, model, state.scaler, lambda: optimizer_step(
+            model, state.optimizer, state.scheduler, config, state.scaler,
+            check=lambda norm: check_finite(model, state.step + 1, sum(values) / len(values), norm, lr=config.lr,
+                                            scaler=state.scaler, kept=kept)))
         state.step += 1
         if after_step is not None:
             after_step(values, batches)

@@ -34,6 +34,7 @@ import logging
 import math
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -44,6 +45,7 @@ from ..errors import InputError
 from ..loading import copy_tokenizer
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
+from .diagnostics import BlockGradients, PlateauWatch, unigram_rate
 from .loop import (STATE_FILE, TrainState, mixed_precision, parameter_groups, read_state, restore_model, rng_states,
                    train)
 from .pretrain_data import Examples
@@ -164,7 +166,8 @@ def _resume(state: TrainState, out_dir: Path, config: PretrainConfig, rank: int,
 
 
 #: settings a resumed run may change (how often it logs, evaluates, saves; what it keeps)
-CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots")
+CHANGEABLE = ("eval_every", "eval_examples", "save_every", "keep", "log_every", "snapshots", "grad_every",
+              "plateau_step")
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -202,10 +205,16 @@ def pretrain(model: nn.Module, examples: Examples, config: PretrainConfig, out_d
     every = _EveryStep(state, config, steps, out_dir, rank, world, keep_at, eval_examples, tokenizer_source)
     every.last = _last_record(log_path) if start else {}  # a resumed run that has no step left keeps what it logged
     every.bar.update(start)
+    if eval_examples is not None and rank == 0:
+        every.plateau = PlateauWatch(*unigram_rate(examples.store.stream, examples.specials), config.plateau_step,
+                                     getattr(model.config, "norm_placement", "post"))
+    every.probe = BlockGradients(config.grad_every) if config.grad_every and rank == 0 else None
     train(state, _micro_batches(state, examples, config, steps, rank, world), _share_loss(rank, world), config,
-          half=half, trained=trained, kept=lambda: _last_good(out_dir), after_step=every)
+          half=half, trained=trained, kept=lambda: _last_good(out_dir), after_step=every, probe=every.probe)
     every.bar.close()
     model.eval()
+    if rank == 0 and config.grad_every:
+        _plot_gradients(log_path, out_dir / "gradients.png")
     if rank == 0:
         model.save_pretrained(out_dir)
         write_text_atomic(out_dir / "pretrain.json", json.dumps({"config": config.recorded(), "steps": steps,
@@ -247,6 +256,18 @@ def _share_loss(rank: int, world: int):
     return loss
 
 
+def _plot_gradients(log_path: Path, figure: Path) -> None:
+    """OUT/gradients.png from the run's per-block records (said, not raised, without matplotlib)."""
+    from ..analysis import plots
+    from ..errors import MissingExtra
+
+    records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        log.info(f"per-block gradients: {plots.block_gradients(records, figure, title=f'{log_path.parent.name}: per-block gradients')}")
+    except MissingExtra as e:
+        log.warning(f"no gradient figure: {e}")
+
+
 class _EveryStep:
     """``train``'s ``after_step`` for pre-training: the examples consumed, and every k steps a log line
     (``log.jsonl``, and the log), a held-out evaluation, a snapshot, a checkpoint (process 0 writes)."""
@@ -257,6 +278,7 @@ class _EveryStep:
         self.eval_examples, self.tokenizer_source = eval_examples, tokenizer_source
         self.window, self.last = _Window(), {}
         self.bar = _bar(steps, config.progress and rank == 0)
+        self.plateau = self.probe = None  # diagnostics.PlateauWatch and BlockGradients, when asked for
 
     def __call__(self, losses: list[float], batches: list[dict]) -> None:
         state, config, done = self.state, self.config, self.state.step
@@ -276,15 +298,27 @@ class _EveryStep:
             if self.rank == 0:
                 record = {**(record or {"step": done}),
                           **evaluate(state.model, self.eval_examples, config.eval_examples)}
+                self._check_plateau(record)
+        measured = self.probe.take() if self.probe is not None else None
+        if measured is not None:  # this step's per-block gradient norms and update ratios
+            record = {**(record or {"step": done}), **measured}
         if record is not None and self.rank == 0:
             self.last = record
             with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
-            log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+            log.info(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
+                              if not isinstance(v, (list, dict))))  # per-block lists: log.jsonl only
         if done in self.keep_at and self.rank == 0:
             _save_snapshot(self.out_dir, state.model, done, self.tokenizer_source)
         if config.save_every and (done % config.save_every == 0 or end):
             _checkpoint(self.out_dir, state, config, self.rank, self.world, self.tokenizer_source)
+
+
+    def _check_plateau(self, record: dict) -> None:
+        said = self.plateau.check(record["step"], record["masked_accuracy"]) if self.plateau is not None else None
+        if said:
+            record["plateau"] = {"unigram_rate": self.plateau.rate, "token": self.plateau.token}
+            warnings.warn(said, stacklevel=2)  # on stderr, even with --quiet
 
 
 class _Window:

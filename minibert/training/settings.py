@@ -115,6 +115,11 @@ class PretrainConfig:
     snapshots: int = setting(0, "also keep the model at step 0 and at this many log-spaced steps, in OUT/snapshots/ "
                              "(for minibert probe-over-time); 0: none", low=0)
     log_every: int = setting(10, "steps between log lines", low=1)
+    grad_every: int | None = setting(None, "steps between per-block gradient norms and update/weight ratios in "
+                                     "log.jsonl (the first step's too) and OUT/gradients.png; default: off", low=1)
+    plateau_step: int = setting(300, "from this step on, a held-out masked accuracy still at the most frequent "
+                                "token's rate is reported as the unigram plateau (a warning; needs --eval-texts)",
+                                low=1)
     seed: int = setting(0, "random seed, an integer >= 0", low=0, high=SEED_LIMIT)
     progress: bool = setting(True, "no progress bar or log lines", flag="--quiet", negate=True)
 

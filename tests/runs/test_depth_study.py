@@ -225,3 +225,23 @@ def test_overwrite_starts_the_study_again(files, minilm_dir, tmp_path):
     again = run_study([files / "train.txt"], out, config=other, overwrite=True, **common)
     assert again["runs"]["L1-steps-seed0"]["steps"] == 3 and json.loads((out / "study.json").read_text())["config"]["steps"] == 3
     assert json.loads((out / "runs" / "L1-steps-seed0" / "pretrain.json").read_text())["steps"] == 3  # trained anew
+
+
+def test_a_stability_grid_plans_every_norm_and_warmup_and_summarises_the_stuck_share():
+    """--norms and --warmups: each placement and warmup a run of every depth and seed (BERT's post-LN at the
+    default warmup keeps the old names); the rows give the share of seeds stuck on the unigram plateau."""
+    from minibert.runs.depth_study import plan, summary_rows
+    from minibert.runs.settings import DepthStudyConfig
+
+    config = DepthStudyConfig(depths=(1, 2), hidden=32, heads=2, intermediate=64, steps=10, reference_depth=1,
+                              budgets=("steps",), seeds=(0, 1), norms=("post", "pre"), warmups=(0.06, 0.2))
+    runs = plan(config, 100)
+    assert len(runs) == 2 * 2 * 2 * 2 and len({r.name for r in runs}) == len(runs)
+    assert {"L1-steps-seed0", "L2-steps-seed1-pre", "L2-steps-seed0-pre-warmup0.2"} <= {r.name for r in runs}
+    results = {"runs": {r.name: {**r.__dict__, "eval_loss": 7.0, "masked_accuracy": 0.05, "tokens": 1,
+                                 "parameters": 1, "stuck": r.seed == 0 and r.norm == "post"} for r in runs}}
+    rows = summary_rows(results)
+    assert len(rows) == 8 and {(r["norm"], r["warmup"], r["stuck_share"]) for r in rows} == {
+        ("post", 0.06, 0.5), ("post", 0.2, 0.5), ("pre", 0.06, 0.0), ("pre", 0.2, 0.0)}
+    with pytest.raises(InputError, match="norms=.*one or more different placements"):
+        DepthStudyConfig(norms=("post", "sandwich")).check()
