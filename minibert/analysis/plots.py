@@ -303,7 +303,8 @@ def block_gradients(records: list[dict], path, title="Per-block gradients") -> P
     for ax, key, label in ((axes[0], "grad_norm", "gradient norm"), (axes[1], "update_ratio", "||update|| / ||weight||")):
         steps = [r["step"] for r in records]
         for b in range(blocks):
-            values = [r[key][b] if len(r[key]) > b else math.nan for r in records]
+            values = [r[key][b] if len(r[key]) > b and r[key][b] > 0 else math.nan  # 0: a step at lr 0 (warmup's
+                      for r in records]  # first), which a log scale cannot show
             ax.plot(steps, values, "o-" if len(steps) < 30 else "-", markersize=3,
                     color=colours(b / max(1, blocks - 1) * 0.9), label=f"block {b}")
         ax.set_yscale("log")
