@@ -208,7 +208,8 @@ def timeline_heatmaps(timeline, path, title="Probing across time") -> Path:
 def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = "depth") -> list[Path]:
     """A depth study's figures (``runs.depth_study``): ``{name}_loss.png`` (held-out masked-LM loss vs
     blocks, equal steps and equal training FLOPs, every single run a gray dot), ``{name}_downstream.png``
-    (best probe layer and fine-tuned task accuracy vs blocks, each run's task accuracy a gray dot) and
+    when the study probed or fine-tuned (best probe layer, fine-tuned task accuracy and its random-init
+    control vs blocks, each run's task accuracy a gray dot) and
     ``{name}_probes.png`` (each depth's probe curve: equal steps, or equal FLOPs when that is the only budget;
     the first seed). ``rows``: one per (depth, budget), seeds averaged; ``runs``: every run."""
     plt = _pyplot()
@@ -227,22 +228,10 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
     ax.legend()
     ax.set_title("Does depth help? (gray dots: single runs)", fontsize=10)
     written.append(_save(fig, folder / f"{name}_loss.png"))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("probe_best", "best probe layer"), ("task_accuracy", "fine-tuned task")):
-        for budget, style, said in (("steps", "o-", "equal steps"), ("compute", "s--", "equal FLOPs")):
-            mine = [r for r in rows if r["budget"] == budget and key in r]
-            if mine:
-                ax.plot([r["depth"] for r in mine], [r[key] for r in mine], style, label=f"{label} ({said})")
-    tasks = [r for r in runs if "task_accuracy" in r]  # the seeds behind a mean can disagree (one stuck, one not)
-    ax.scatter([r["depth"] for r in tasks], [r["task_accuracy"] for r in tasks], s=12, color="gray", zorder=3)
-    ax.set_xlabel("blocks")
-    ax.set_ylabel("accuracy")
-    ax.set_xticks(sorted({r["depth"] for r in rows}))
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    ax.set_title("What each depth learnt" + (" (gray dots: single runs' task accuracy)" if tasks else ""), fontsize=10)
-    written.append(_save(fig, folder / f"{name}_downstream.png"))
+    downstream = (("probe_best", "best probe layer"), ("task_accuracy", "fine-tuned task"),
+                  ("task_accuracy_random", "the task from random init"))
+    if any(key in r for r in rows for key, _ in downstream):  # a study without probe or task has no such figure
+        written.append(_downstream_figure(plt, rows, runs, downstream, folder / f"{name}_downstream.png"))
     first = min((r["seed"] for r in runs), default=0)
     budget = "steps" if any(r["budget"] == "steps" for r in runs) else "compute"
     curves = sorted((r for r in runs if r["budget"] == budget and r["seed"] == first and "probe_accuracy" in r),
@@ -258,6 +247,27 @@ def depth_study_figures(rows: list[dict], runs: list[dict], folder, name: str = 
         ax.set_title("Where each depth keeps the probed labels", fontsize=10)
         written.append(_save(fig, folder / f"{name}_probes.png"))
     return written
+
+
+def _downstream_figure(plt, rows: list[dict], runs: list[dict], keys, path: Path) -> Path:
+    """Best probe layer, fine-tuned task accuracy and its random-init control vs blocks (``keys``: (measure,
+    label) pairs), each run's task accuracy a gray dot."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in keys:
+        for budget, style, said in (("steps", "o-", "equal steps"), ("compute", "s--", "equal FLOPs")):
+            mine = [r for r in rows if r["budget"] == budget and key in r]
+            if mine:
+                ax.plot([r["depth"] for r in mine], [r[key] for r in mine], style, label=f"{label} ({said})")
+    tasks = [r for r in runs if "task_accuracy" in r]  # the seeds behind a mean can disagree (one stuck, one not)
+    ax.scatter([r["depth"] for r in tasks], [r["task_accuracy"] for r in tasks], s=12, color="gray", zorder=3)
+    ax.set_xlabel("blocks")
+    ax.set_ylabel("accuracy")
+    ax.set_xticks(sorted({r["depth"] for r in rows}))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    ax.set_title("What each depth learnt" + (" (gray dots: single runs' task accuracy)" if tasks else ""), fontsize=10)
+    return _save(fig, path)
 
 
 def cut_vs_grown_figure(entry: dict, teacher: dict, path) -> Path:

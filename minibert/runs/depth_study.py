@@ -29,6 +29,7 @@ the same tokens and one distilled from the deepest (DistilBERT's pre-training ob
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -141,7 +142,7 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
         saved = json.loads(path.read_text(encoding="utf-8"))
         remeasure = _compare_study(saved, results, path)
         results = {**saved, "inputs": {**saved.get("inputs", {}), **{k: v for k, v in inputs.items() if v is not None}}}
-    with folder.claim({"config": results["config"]}) as run:
+    with folder.claim({"config": results["config"]}) as run, _known_warnings():
         run.resume_hint = lambda: _study_hint(folder.shown, path, len(plan(config, len(tokenizer.vocab))))
         if remeasure:
             log.info(f"{', '.join(remeasure)} changed since the study measured its runs: measuring every finished run "
@@ -182,7 +183,7 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
             log.info(f"[{k + 1}/{len(runs)}] {run_.name}: {run_.steps} steps ({run_.flops / 1e12:.2f} TFLOP)")
             run_folder = out_dir / "runs" / run_.name
             measures = _pretrain_one(run_, run_folder, files, store, vocab, eval_texts, config, device=device)
-            measures["stuck"] = on_plateau(measures["masked_accuracy"], results["unigram_rate"])
+            measures["stuck"] = _stuck(run_.name, measures["masked_accuracy"], results["unigram_rate"])
             measures.update(_measure(run_folder, config, tokenizer, probe_data, task_train, task_eval,
                                      out_dir / "tasks", device, control=_is_control_run(run_, runs, config)))
             results["runs"][run_.name] = {**asdict(run_), **measures}
@@ -191,6 +192,27 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
                                            and r.seed == config.seeds[0]], config)
         write_text_atomic(path, json.dumps(results, indent=2) + "\n")
     return results
+
+
+def _stuck(name: str, accuracy: float, rate: float) -> bool:
+    """Whether a run's held-out masked accuracy is still the unigram rate (``diagnostics.on_plateau``), said
+    in the study's log."""
+    stuck = on_plateau(accuracy, rate)
+    if stuck:
+        log.info(f"  {name} is stuck on the unigram plateau: held-out masked accuracy {accuracy:.3f}, unigram "
+                 f"rate {rate:.3f}")
+    return stuck
+
+
+@contextlib.contextmanager
+def _known_warnings():
+    """What a study says itself is not warned again for every run: its pre-LN and DeepNorm models are its own
+    making (the "read back by minibert only" warning on each load), and a run left on the unigram plateau is
+    its "stuck" measure and log line (the detector's warning at the run's end)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="a (pre|deepnorm) model")
+        warnings.filterwarnings("ignore", message=".*unigram plateau")
+        yield
 
 
 def _checked_inputs(config: DepthStudyConfig, corpus, eval_texts, conllu, task_train, task_eval, device):
@@ -295,7 +317,6 @@ def _pretrain_one(run: StudyRun, folder: Path, files, store, vocab, eval_texts, 
             return _pretrain_measures(saved["last"], run, config, folder)
     with warnings.catch_warnings():  # a run is resumed when it was started before, begun when not: both are normal
         warnings.filterwarnings("ignore", message="(resume|nothing to resume)")
-        warnings.filterwarnings("ignore", message="a (pre|deepnorm) model")  # the study knows it made one
         summary = run_pretraining(PretrainRun(**dataclasses.asdict(pconfig), corpus=files, out=folder,
                                               layers=run.depth, hidden=config.hidden, heads=config.heads,
                                               intermediate=config.intermediate, vocab=str(vocab),
@@ -371,7 +392,6 @@ def _task_accuracy(folder: Path, config: DepthStudyConfig, task_train, task_eval
 
     with warnings.catch_warnings():  # a masked-LM checkpoint has no pooler: the classifier starts a fresh one
         warnings.filterwarnings("ignore", message=".*has no pooler")
-        warnings.filterwarnings("ignore", message="a (pre|deepnorm) model")
         history = finetune(FinetuneRun(train=task_train, eval=task_eval, model=str(folder), out=out,
                                        epochs=config.task_epochs, lr=config.task_lr, seed=0, progress=False,
                                        batch_size=32, max_length=64, device=device, overwrite=True))
@@ -389,9 +409,7 @@ def _random_control(folder: Path, config: DepthStudyConfig, task_train, task_eva
 
     torch.manual_seed(0)
     random_dir = work / f"random-{folder.name}"
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="a (pre|deepnorm) model")
-        BertModel(BertConfig.from_json_file(folder / "config.json")).save_pretrained(random_dir)
+    BertModel(BertConfig.from_json_file(folder / "config.json")).save_pretrained(random_dir)  # (_known_warnings)
     copy_tokenizer(folder, random_dir)
     return _task_accuracy(random_dir, config, task_train, task_eval, work / f"random-{folder.name}-task", device)
 
@@ -464,7 +482,7 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, resumable=False,
                        continues=_holds_study)
     study = _OpenStudy(out_dir, path, results, config, inputs, files, vocab, eval_texts)
-    with folder.claim({"config": results["config"]}):
+    with folder.claim({"config": results["config"]}), _known_warnings():
         return _cut_vs_grown(study, conllu, task_train, task_eval, temperature, alpha, device)
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 
 import pytest
 
 from conftest import POS_SAMPLE, cli_error
 from minibert import InputError
-from minibert.runs.depth_study import DepthStudyConfig, bert_config, plan, run_study, summary_rows
+from minibert.runs.depth_study import DepthStudyConfig, bert_config, plan, plot_study, run_study, summary_rows
 
 TINY = DepthStudyConfig(depths=(1, 2), hidden=32, heads=2, intermediate=64, steps=4, reference_depth=2,
                         budgets=("steps",), seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=6,
@@ -178,7 +179,14 @@ def test_cut_vs_grown_compares_the_deepest_model_cut_with_grown_and_distilled_on
 def test_the_reference_depths_equal_compute_run_is_its_equal_steps_run_measured_once(files, minilm_dir, tmp_path):
     out = tmp_path / "study"
     config = DepthStudyConfig(**{**TINY.__dict__, "budgets": ("steps", "compute"), "seeds": (0,)})
-    results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt", config=config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stuck run is the study's "stuck" measure, not a warning per run
+        results = run_study([files / "train.txt"], out, vocab=minilm_dir, eval_texts=files / "held.txt",
+                            config=config)
+    assert all(r["stuck"] for r in results["runs"].values())  # 4 steps: nothing has left the plateau
+    figures = plot_study(results, out)  # neither probe nor task: no downstream figure, an empty one was drawn
+    assert figures[0].name == "depth_loss.png" and not (out / "depth_downstream.png").exists()
+    assert "depth_downstream.png" not in {f.name for f in figures}
     steps, compute = results["runs"]["L2-steps-seed0"], results["runs"]["L2-compute-seed0"]
     assert compute["steps"] == steps["steps"] == 4 and compute["budget"] == "compute"
     assert {k: v for k, v in compute.items() if k != "budget"} == {k: v for k, v in steps.items() if k != "budget"}
