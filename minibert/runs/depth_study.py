@@ -399,19 +399,31 @@ def _task_accuracy(folder: Path, config: DepthStudyConfig, task_train, task_eval
 
 
 def _random_control(folder: Path, config: DepthStudyConfig, task_train, task_eval, work: Path, device) -> float:
-    """The control: a model of ``folder``'s geometry and norm placement, randomly initialised (seed 0) and
-    fine-tuned on the task exactly as the pre-trained ones are -- what the task alone teaches that depth."""
+    """The control of a pre-trained model in ``folder``: its geometry and norm placement, randomly initialised."""
     from ..config import BertConfig
+
+    return random_control(BertConfig.from_json_file(folder / "config.json"), folder, config, task_train, task_eval,
+                          work / f"random-{folder.name}", device)
+
+
+def random_control(bert, tokenizer_folder, config: DepthStudyConfig, task_train, task_eval, work: Path,
+                   device=None) -> float:
+    """The random-init control: a model of ``bert``'s geometry and norm placement (a ``BertConfig``), randomly
+    initialised (seed 0), with the tokenizer of ``tokenizer_folder``, fine-tuned on the task exactly as a study's
+    pre-trained models are (``config.task_epochs``, ``config.task_lr``) -- what the task alone teaches that
+    depth. ``work``: a new folder for the model and its fine-tuning."""
     from ..loading import copy_tokenizer
     from ..models import BertModel
 
     import torch
 
     torch.manual_seed(0)
-    random_dir = work / f"random-{folder.name}"
-    BertModel(BertConfig.from_json_file(folder / "config.json")).save_pretrained(random_dir)  # (_known_warnings)
-    copy_tokenizer(folder, random_dir)
-    return _task_accuracy(random_dir, config, task_train, task_eval, work / f"random-{folder.name}-task", device)
+    work.mkdir(exist_ok=True)
+    random_dir = work / "model"
+    with _known_warnings():  # a pre-LN or DeepNorm model is saved and loaded knowingly
+        BertModel(bert).save_pretrained(random_dir)
+        copy_tokenizer(tokenizer_folder, random_dir)
+        return _task_accuracy(random_dir, config, task_train, task_eval, work / "task", device)
 
 
 def _forward_times(folders: list[Path], config: DepthStudyConfig, rounds: int = 7) -> dict:
@@ -441,8 +453,12 @@ ARMS = ("cut", "grown", "distilled")
 
 
 def study_config(saved: dict) -> DepthStudyConfig:
-    """The ``DepthStudyConfig`` a ``study.json`` was written with."""
-    return DepthStudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items()})
+    """The ``DepthStudyConfig`` a ``study.json`` was written with (one written before the norm placements and
+    warmups were study settings: BERT's post-LN at its one ``warmup``)."""
+    fields = dict(saved["config"])
+    if "warmup" in fields:
+        fields["warmups"] = [fields.pop("warmup")]
+    return DepthStudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, task_train=None, task_eval=None,

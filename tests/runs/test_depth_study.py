@@ -4,6 +4,7 @@ to end (runs, measures, figures, study.json), picking up where it stopped, and i
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import warnings
 
@@ -11,7 +12,8 @@ import pytest
 
 from conftest import POS_SAMPLE, cli_error
 from minibert import InputError
-from minibert.runs.depth_study import DepthStudyConfig, bert_config, plan, plot_study, run_study, summary_rows
+from minibert.runs.depth_study import (DepthStudyConfig, bert_config, plan, plot_study, run_study, study_config,
+                                      summary_rows)
 
 TINY = DepthStudyConfig(depths=(1, 2), hidden=32, heads=2, intermediate=64, steps=4, reference_depth=2,
                         budgets=("steps",), seeds=(0, 1), batch_size=4, max_length=16, lr=2e-3, eval_examples=8, probe_sentences=6,
@@ -55,6 +57,15 @@ def test_the_plan_spends_equal_steps_or_equal_flops():
                          (dict(budgets=("tokens",)), "budgets"), (dict(seeds=(1, 1)), "seeds")):
         with pytest.raises(InputError, match=message):
             plan(DepthStudyConfig(**bad), 30522)
+
+
+def test_a_study_written_before_norms_and_warmups_reads_back_as_post_ln_at_its_warmup():
+    config = DepthStudyConfig(depths=(1, 2), hidden=64, heads=2, intermediate=128, warmups=(0.1,))
+    saved = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+    assert study_config({"config": saved}) == config
+    del saved["norms"]
+    saved["warmup"] = saved.pop("warmups")[0]  # the config of a study.json of 2026-12-04 and before
+    assert study_config({"config": saved}) == config
 
 
 def test_a_tiny_study_end_to_end_and_picked_up_where_it_stopped(files, minilm_dir, tmp_path, capsys):
@@ -253,3 +264,31 @@ def test_a_stability_grid_plans_every_norm_and_warmup_and_summarises_the_stuck_s
         ("post", 0.06, 0.5), ("post", 0.2, 0.5), ("pre", 0.06, 0.0), ("pre", 0.2, 0.0)}
     with pytest.raises(InputError, match="norms=.*one or more different placements"):
         DepthStudyConfig(norms=("post", "sandwich")).check()
+
+
+def test_the_random_init_control_of_a_deepnorm_geometry_is_its_own_model_fine_tuned_without_warnings(
+        files, minilm_dir, tmp_path):
+    """random_control builds the geometry and placement it is given (seed 0: twice the same model), saves and
+    loads it without the "read back by minibert only" warning, and fine-tunes it as the study's models are."""
+    from minibert.config import BertConfig
+    from minibert.models import BertModel
+    from minibert.models.norms import norm_config
+    from minibert.runs.depth_study import random_control
+
+    vocab_size = json.loads((minilm_dir / "config.json").read_text())["vocab_size"]
+    bert = norm_config(bert_config(TINY, 2, vocab_size), "deepnorm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = random_control(bert, minilm_dir, TINY, files / "task_train.csv", files / "task_eval.csv",
+                               tmp_path / "a")
+        again = random_control(bert, minilm_dir, TINY, files / "task_train.csv", files / "task_eval.csv",
+                               tmp_path / "b")
+    assert 0.0 <= first <= 1.0 and first == again
+    saved = BertConfig.from_json_file(tmp_path / "a" / "model" / "config.json")
+    assert (saved.norm_placement, saved.num_hidden_layers, saved.hidden_size) == ("deepnorm", 2, 32)
+    assert saved.residual_scale == pytest.approx((2 * 2) ** 0.25)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="a deepnorm model")
+        a = BertModel.from_pretrained(tmp_path / "a" / "model")
+        b = BertModel.from_pretrained(tmp_path / "b" / "model")
+    assert all((p == q).all() for p, q in zip(a.state_dict().values(), b.state_dict().values()))
