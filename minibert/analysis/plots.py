@@ -342,36 +342,47 @@ def gradients_at_init(runs: dict[str, list[float]], path, title="Gradient norm p
     return _save(fig, path)
 
 
+def _by_placement(plt, rows: list[dict], key: str, ylabel: str, title: str, path: Path) -> Path:
+    """``key`` vs blocks: one panel per norm placement (BERT's post-LN first), one line per warmup share."""
+    order = ("post", "pre", "deepnorm")
+    norms = sorted({r["norm"] for r in rows}, key=lambda n: order.index(n) if n in order else len(order))
+    warmups = sorted({r["warmup"] for r in rows})
+    colours = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(1, len(norms), figsize=(3.2 * len(norms) + 1, 3.6), sharey=True, squeeze=False)
+    for ax, norm in zip(axes[0], norms):
+        for i, warmup in enumerate(warmups):
+            mine = sorted((r for r in rows if (r["norm"], r["warmup"]) == (norm, warmup) and key in r),
+                          key=lambda r: r["depth"])
+            if mine:
+                ax.plot([r["depth"] for r in mine], [r[key] for r in mine], "o-", label=f"warmup {warmup:g}",
+                        color=colours(i / max(1, len(warmups) - 1) * 0.85))
+        ax.set_title(norm if norm != "post" else "post (BERT)", fontsize=9)
+        ax.set_xlabel("blocks")
+        ax.set_xticks(sorted({r["depth"] for r in rows}))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel, fontsize=8)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
 def stability_figures(rows: list[dict], runs: list[dict], folder, name: str = "depth") -> list[Path]:
     """A stability study's figures (``runs.depth_study`` with several norm placements or warmups), equal
-    steps: ``{name}_stuck.png`` (the share of runs left on the unigram plateau vs blocks, one line per
-    placement and warmup), ``{name}_loss_by_norm.png`` (held-out masked-LM loss vs blocks, the same lines)
+    steps: ``{name}_stuck.png`` (the share of runs left on the unigram plateau vs blocks, a panel per
+    placement, a line per warmup), ``{name}_loss_by_norm.png`` (held-out masked-LM loss vs blocks, the same)
     and ``{name}_grad_init.png`` (the deepest models' gradient norm per block at the first step, one line per
     placement: Xiong et al. 2020's picture)."""
     plt = _pyplot()
     folder = Path(folder)
     written = []
     steps = [r for r in rows if r["budget"] == "steps"] or rows
-    lines = sorted({(r["norm"], r["warmup"]) for r in steps})
     for key, ylabel, suffix, title in (("stuck_share", "share of runs stuck on the unigram plateau", "stuck",
                                         "Which runs stay on the unigram plateau"),
                                        ("eval_loss", "held-out masked-LM loss", "loss_by_norm",
                                         "Held-out loss by norm placement and warmup")):
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        for norm, warmup in lines:
-            mine = sorted((r for r in steps if (r["norm"], r["warmup"]) == (norm, warmup) and key in r),
-                          key=lambda r: r["depth"])
-            if mine:
-                ax.plot([r["depth"] for r in mine], [r[key] for r in mine], "o-" if norm != "post" else "s--",
-                        label=f"{norm}, warmup {warmup:g}")
-        ax.set_xlabel("blocks")
-        ax.set_ylabel(ylabel)
-        ax.set_xticks(sorted({r["depth"] for r in steps}))
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        ax.set_title(title + " (equal steps)", fontsize=10)
-        written.append(_save(fig, folder / f"{name}_{suffix}.png"))
+        written.append(_by_placement(plt, steps, key, ylabel, f"{title} (equal steps)",
+                                     folder / f"{name}_{suffix}.png"))
     measured = [r for r in runs if r.get("grad_init")]
     if measured:
         deepest = max(r["depth"] for r in measured)
