@@ -291,8 +291,9 @@ def markdown_stability(r: dict) -> str:
            "Held-out masked-LM loss (mean of the seeds; the range when they differ by more than 0.05):", "",
            *_grid(rows, depths, _loss_cell), "",
            "Masked-token accuracy (mean of the seeds):", "", *_grid(rows, depths, lambda row: f"{row['masked_accuracy']:.3f}"),
-           "", "Gradient norm of the last block over the first's at the first step (the first seed; > 1: growing "
-           "towards the output, Xiong et al.'s post-LN picture), and at the run's last record:", "",
+           "", "Gradient norm of the last block over the first's at the first step (the first seed, warmup "
+           f"{c['warmups'][0]:g}; > 1: growing towards the output, Xiong et al.'s post-LN picture), and at the run's "
+           "last record:", "",
            "| norm | " + " | ".join(f"{d} blocks: init / last" for d in depths) + " |", "|---|" + "---|" * len(depths)]
     for norm in [n for n in NORM_ORDER if n in c["norms"]]:
         first = {x["depth"]: x for x in runs if x["norm"] == norm and x["seed"] == c["seeds"][0]
