@@ -17,15 +17,16 @@ Scales (``--scale``):
   and DeepNorm (``models/norms.py``) x warmup 0, 1 %, 6 %, 20 %, seeds 0 and 1: 120 runs of 600 steps of 16 x
   64 at lr 2e-3, equal steps only, no probe or task. Per depth x placement x warmup: the runs stuck on the
   unigram plateau, the runs whose gradients collapsed towards the input, the held-out loss; the 12-block
-  runs' per-block gradients over training (``docs/img/NAME_gradients_NORM.png``). 86 minutes on 2 cores of an EPYC Zen 5.
+  runs' per-block gradients over training (``docs/img/NAME_gradients_NORM.png``). 86 minutes on 2 cores of an
+  EPYC Zen 5.
 * ``control``: with the grid's fixes (pre-LN and DeepNorm, 20 % warmup), does deeper win, and how much of a
   task score is pre-training? The same depths and width, one seed, 1,500 steps at equal steps and equal compute
   (4 blocks' FLOPs), each model fine-tuned on TREC-6 (3 epochs at lr 3e-4), and a randomly initialised model
   of each depth and placement fine-tuned alike. 53 minutes on 2 cores of an EPYC Zen 5.
 
 The full, reduced and quick scales: held-out masked-LM loss / accuracy (one set of held-out examples and masks
-for all), a UPOS probe per layer (tests/data/pos_sample.conllu, with its control task), TREC-6 fine-tuning (``--epochs``),
-forward time, parameters; then the deepest model cut to each smaller depth, against the same depth grown
+for all), a UPOS probe per layer (tests/data/pos_sample.conllu, with its control task), TREC-6 fine-tuning
+(``--epochs``), forward time, parameters; then the deepest model cut to each smaller depth, against the same depth grown
 from scratch and distilled from the deepest (the same tokens). A stopped run picks up where it stopped
 (the same command again: the runs live in benchmarks/results/depth-runs.tmp/SCALE); ``--collect`` writes the
 page and figures from that folder as it stands. ``--random-control --name NAME`` adds to a finished study's
@@ -53,6 +54,7 @@ sys.path.insert(0, str(ROOT / "data"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_pretrain import corpus_files_for_runs  # noqa: E402
+from minibert.config import NORM_PLACEMENTS  # noqa: E402
 from minibert.logs import lines_to  # noqa: E402
 from minibert.hardware import cpu_description, native_half  # noqa: E402
 from minibert.runs.depth_study import (ARMS, QUICK, DepthStudyConfig, bert_config, best_probe,  # noqa: E402
@@ -239,13 +241,13 @@ def _training_gradients(results: dict, out: Path, folder: Path, name: str) -> li
 def _grid(rows: list[dict], depths, cell) -> list[str]:
     """A table: one line per (norm placement, warmup), one column per depth, ``cell(row)`` in each."""
     out = ["| norm | warmup | " + " | ".join(f"{d} blocks" for d in depths) + " |", "|---|---|" + "---|" * len(depths)]
-    for norm, warmup in sorted({(r["norm"], r["warmup"]) for r in rows}, key=lambda k: (NORM_ORDER.index(k[0]), k[1])):
+    lines = sorted({(r["norm"], r["warmup"]) for r in rows}, key=lambda k: (NORM_PLACEMENTS.index(k[0]), k[1]))
+    for norm, warmup in lines:
         mine = {r["depth"]: r for r in rows if (r["norm"], r["warmup"]) == (norm, warmup)}
         out.append(f"| {norm} | {warmup:g} | " + " | ".join(cell(mine[d]) if d in mine else "" for d in depths) + " |")
     return out
 
 
-NORM_ORDER = ("post", "pre", "deepnorm")
 #: each norm placement in the words of a results page
 PLACEMENTS = {"post": "after each sublayer as in BERT (post)",
               "pre": "before each sublayer with a final LayerNorm (pre; Xiong et al. 2020)",
@@ -290,12 +292,13 @@ def markdown_stability(r: dict) -> str:
            *_grid(rows, depths, lambda row: _collapsed(runs, row)), "",
            "Held-out masked-LM loss (mean of the seeds; the range when they differ by more than 0.05):", "",
            *_grid(rows, depths, _loss_cell), "",
-           "Masked-token accuracy (mean of the seeds):", "", *_grid(rows, depths, lambda row: f"{row['masked_accuracy']:.3f}"),
+           "Masked-token accuracy (mean of the seeds):", "",
+           *_grid(rows, depths, lambda row: f"{row['masked_accuracy']:.3f}"),
            "", "Gradient norm of the last block over the first's at the first step (the first seed, warmup "
            f"{c['warmups'][0]:g}; > 1: growing towards the output, Xiong et al.'s post-LN picture), and at the run's "
            "last record:", "",
            "| norm | " + " | ".join(f"{d} blocks: init / last" for d in depths) + " |", "|---|" + "---|" * len(depths)]
-    for norm in [n for n in NORM_ORDER if n in c["norms"]]:
+    for norm in [n for n in NORM_PLACEMENTS if n in c["norms"]]:
         first = {x["depth"]: x for x in runs if x["norm"] == norm and x["seed"] == c["seeds"][0]
                  and x["warmup"] == c["warmups"][0] and x["budget"] == "steps"}
         out.append(f"| {norm} | " + " | ".join(
@@ -308,9 +311,10 @@ def markdown_stability(r: dict) -> str:
                 "| norm | warmup | budget | blocks | steps | held-out loss | masked acc | stuck | pre-trained | "
                 "random init | pre-training adds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         # one control per depth and placement (measured with the first budget's run): every budget's row reads it
-        controls = {(x["norm"], x["depth"]): x["task_accuracy_random"] for x in r["rows"] if "task_accuracy_random" in x}
-        for row in sorted(r["rows"], key=lambda x: (NORM_ORDER.index(x["norm"]), x["warmup"], x["budget"] != "steps",
-                                                    x["depth"])):
+        controls = {(x["norm"], x["depth"]): x["task_accuracy_random"] for x in r["rows"]
+                    if "task_accuracy_random" in x}
+        for row in sorted(r["rows"], key=lambda x: (NORM_PLACEMENTS.index(x["norm"]), x["warmup"],
+                                                    x["budget"] != "steps", x["depth"])):
             random_ = controls.get((row["norm"], row["depth"]))
             gain = None if random_ is None else row["task_accuracy"] - random_
             out.append(f"| {row['norm']} | {row['warmup']:g} | {row['budget']} | {row['depth']} | {row['steps']:,} | "

@@ -344,8 +344,9 @@ def gradients_at_init(runs: dict[str, list[float]], path, title="Gradient norm p
 
 def _by_placement(plt, rows: list[dict], key: str, ylabel: str, title: str, path: Path) -> Path:
     """``key`` vs blocks: one panel per norm placement (BERT's post-LN first), one line per warmup share."""
-    order = ("post", "pre", "deepnorm")
-    norms = sorted({r["norm"] for r in rows}, key=lambda n: order.index(n) if n in order else len(order))
+    from ..config import NORM_PLACEMENTS
+
+    norms = sorted({r["norm"] for r in rows}, key=NORM_PLACEMENTS.index)
     warmups = sorted({r["warmup"] for r in rows})
     colours = plt.get_cmap("viridis")
     fig, axes = plt.subplots(1, len(norms), figsize=(3.2 * len(norms) + 1, 3.6), sharey=True, squeeze=False)
