@@ -238,6 +238,8 @@ def embed_dataset(inputs, out_dir, settings: RayEmbed, *, overwrite: bool = Fals
 
     settings.check()
     files = expand_inputs(inputs)
+    if _kind(files[0]) == "parquet":
+        _check_columns(files, settings.text_field, settings.id_field)
     folder = None
     if "://" not in str(out_dir):  # before any work: the rule of every output folder
         folder = RunFolder(out_dir, command="embed", what="out_dir (--out)", reads={"--model": settings.model},
@@ -273,6 +275,21 @@ def _check_gpus(ray, gpus_per_worker) -> None:
                          "(CPU actors)")
 
 
+def _check_columns(files: Sequence[str], text_field: str, id_field: str) -> None:
+    """A local Parquet shard without the text or id column is refused before Ray starts (inside an actor it
+    would end as a bare ``KeyError``), naming the shard, the missing column, the option and what it holds."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        if "://" in f:  # remote shards: Ray reads their schema itself
+            continue
+        names = pq.read_schema(f).names
+        for column, option in ((text_field, "--text-field"), (id_field, "--id-field")):
+            if column not in names:
+                raise InputError(f"input {f!r}: no column {column!r} ({option}); its columns are "
+                                 f"{', '.join(map(repr, names))}")
+
+
 def _embed(files, out_dir, settings: RayEmbed, fail_on: Sequence[str]) -> EmbedReport:
     import dataclasses
     import time
@@ -289,7 +306,7 @@ def _embed(files, out_dir, settings: RayEmbed, fail_on: Sequence[str]) -> EmbedR
     _check_gpus(ray, settings.gpus_per_worker)
     start = time.perf_counter()
     if _kind(files[0]) == "parquet":
-        ds = ray.data.read_parquet(files, columns=[id_field, text_field])
+        ds = ray.data.read_parquet(files).select_columns([id_field, text_field])
         ds = ds.rename_columns({id_field: "id", text_field: "text"}) if (id_field, text_field) != ("id", "text") else ds
     else:
         names = shard_names(files)  # ids unique across folders: paths relative to the shards' common folder

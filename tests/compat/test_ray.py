@@ -104,6 +104,21 @@ def test_parquet_shards_with_their_own_ids(local_ray, minilm_dir, tmp_path):
     assert np.abs(vectors[order] - want).max() <= 1e-6
 
 
+def test_a_parquet_shard_without_the_named_column_is_refused_before_any_work(minilm_dir, tmp_path):
+    """Inside an actor a missing column was a bare KeyError: 'id'; it is refused up front, naming the shard,
+    the column, the option and the columns the shard has, and the output folder is not created."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"key": ["k1"], "text": ["a river bank"]}), tmp_path / "p.parquet")
+    with pytest.raises(InputError, match=r"p.parquet': no column 'id' \(--id-field\); its columns are 'key', 'text'"):
+        embed_dataset([str(tmp_path / "p.parquet")], tmp_path / "out", RayEmbed(model=str(minilm_dir)))
+    with pytest.raises(InputError, match=r"no column 'body' \(--text-field\)"):
+        embed_dataset([str(tmp_path / "p.parquet")], tmp_path / "out",
+                      RayEmbed(model=str(minilm_dir), text_field="body", id_field="key"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_row_ids_are_unique_across_folders(tmp_path):
     """Rows were named by file name and line: a/part.txt and b/part.txt both gave part.txt:1. Ids are now
     paths relative to the folder the shards share (a lone shard: its file name), and the same ids come out
