@@ -123,7 +123,7 @@ def test_sparse_prediction_gives_the_dense_loss_and_gradients(pretraining_dir):
     logits = dense(**batch).prediction_logits  # (B, T, V): every position
     reference = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
     reference.backward()
-    assert abs(float(loss) - float(reference)) <= 1e-6 * float(reference)
+    assert abs(loss.item() - reference.item()) <= 1e-6 * reference.item()
     for (name, p), q in zip(sparse.named_parameters(), dense.parameters()):
         if p.grad is None:  # the pooler: the masked LM does not read it
             assert q.grad is None, name

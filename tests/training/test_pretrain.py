@@ -30,7 +30,7 @@ def test_one_pretraining_step_equals_transformers(pretraining_dir):
                               lr=1e-3, betas=(0.9, 0.98), eps=1e-6)
     a = ours(**batch, labels=labels, next_sentence_label=nsl)
     b = theirs(**batch, labels=labels, next_sentence_label=nsl)
-    assert abs(float(a.loss) - float(b.loss)) <= 1e-5
+    assert abs(a.loss.item() - b.loss.item()) <= 1e-5
     a.loss.backward()
     b.loss.backward()
     grad_a = ours.bert.encoder.blocks[1].ffn.dense_in.weight.grad
