@@ -13,6 +13,9 @@ Every command that trains or writes a folder of results (``pretrain``, ``finetun
    (``textfiles``' exchange of two folders), never mixed with the new run. ``--overwrite`` only replaces
    a folder minibert or a checkpoint wrote (a model, a run, a study, a task module); a folder of other
    files is left to its owner.
+   ``--overwrite`` replaces only what minibert wrote: a folder whose run record (rule 4) accounts for every
+   file in it. A file minibert cannot account for (a user's notes, a checkpoint copied in) is never deleted:
+   the folder is refused, naming the files.
 3. **One writer per folder.** ``claim()`` holds a lock file (``.minibert.lock``: an advisory ``flock``
    plus the pid, host and command) for the run; a second run into the same folder is refused in one line.
    A lock left by a killed process is seen as stale -- on this host the kernel released its ``flock``;
@@ -22,6 +25,14 @@ Every command that trains or writes a folder of results (``pretrain``, ``finetun
    finished run has nothing to resume, a run of another command or with other settings is refused naming
    the setting. A run that fails before it wrote anything leaves nothing behind (a folder it created is
    removed).
+
+The same rule holds for every *file* a command writes (``--json``, ``--index``, ``--plot``, embed's ``--out``):
+``check_paths`` reads each command's declared paths (``settings.Setting.path``: a model read, a data file
+read, a run folder written, a file written) and refuses, before any work, a written path that any read
+path points to or lies inside, and an existing file minibert did not write -- told by the record it keeps
+of what it wrote (``.minibert-files.json`` in the file's folder: name, size, sha256), never by the file's
+name -- unless ``--overwrite``, which replaces that one file the user named. After the command,
+``note_written`` records what it wrote.
 
 A ``KeyboardInterrupt`` (Ctrl-C) inside ``claim()`` comes out with the place the run can resume from as
 its message (the command line prints it).
@@ -36,27 +47,16 @@ import socket
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from .errors import InputError
-from .textfiles import _exchange, output_dir, write_text_atomic
+from .textfiles import _exchange, output_dir, output_file, write_text_atomic
 
 LOCK_FILE = ".minibert.lock"
 RECORD_FILE = ".minibert-run.json"
-#: what a folder holds, recognised by the files minibert and BERT checkpoints write (first match wins)
-KNOWN_CONTENTS = (
-    ("study.json", "a depth study"),
-    ("adapter.json", "a task module"),
-    ("pretrain.json", "a pre-training run"),
-    ("checkpoints", "a pre-training run"),
-    ("exits.json", "a classifier with early exits"),
-    ("metrics.json", "a fine-tuned model"),
-    ("modules.json", "a sentence-transformers model"),
-    ("config.json", "a model"),
-    ("model.safetensors", "a model"),
-    ("log.jsonl", "a training run"),
-)
+FILES_RECORD = ".minibert-files.json"  # what minibert wrote into a folder, file by file (``note_written``)
 
 
 # ------------------------------------------------------------------------------------ what a path is
@@ -71,25 +71,165 @@ def model_folder(source) -> Path | None:
     return (path if path.is_dir() else path.parent).resolve()
 
 
-def check_not_reading(out, reads: Mapping[str, object], what: str = "--out") -> None:
-    """Refuse an output path that is, contains or sits inside a model folder the command reads. ``reads``:
-    {option name: model source} (hub ids and None are skipped)."""
-    target = Path(out).expanduser().resolve()
+@dataclass(frozen=True)
+class Read:
+    """A path a command reads: ``kind`` "model" (a model or run folder, or a checkpoint file: its whole folder
+    is protected) or "read" (a data file or folder: that path is protected). ``source`` may be one path or
+    several; hub ids, objects and paths that do not exist are skipped."""
+
+    kind: str
+    source: object
+
+
+def _data_path(value) -> Path | None:
+    """The file or folder a data argument names (``FILE:share`` -- pretrain's ``--mix`` -- its FILE), resolved;
+    None when it names nothing on disk (a glob, a missing file: the reader says so)."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        return None
+    path = Path(value).expanduser()
+    if not path.exists() and ":" in str(value):
+        path = Path(str(value).rsplit(":", 1)[0]).expanduser()
+    return path.resolve() if path.exists() else None
+
+
+def protected(reads: Mapping[str, object]) -> list[tuple[str, str, Path]]:
+    """(option, kind, resolved path) of everything ``reads`` names on disk: a model's folder, a data path."""
+    out = []
     for option, source in reads.items():
-        folder = model_folder(source)
-        if folder is None:
-            continue
-        if target == folder:
+        kind, values = (source.kind, source.source) if isinstance(source, Read) else ("model", source)
+        for value in values if isinstance(values, (list, tuple)) else [values]:
+            path = model_folder(value) if kind == "model" else _data_path(value)
+            if path is not None:
+                out.append((option, kind, path))
+    return out
+
+
+def check_not_reading(out, reads: Mapping[str, object], what: str = "--out") -> None:
+    """Refuse an output path that is, contains or sits inside a path the command reads. ``reads``: {option
+    name: model source or ``Read``} (a bare source is a model: its whole folder is protected; hub ids and None
+    are skipped)."""
+    target = Path(out).expanduser().resolve()
+    for option, kind, path in protected(reads):
+        if target == path:
             how = "is"
-        elif target.is_relative_to(folder):
+        elif target.is_relative_to(path):
             how = "sits inside"
-        elif folder.is_relative_to(target):
+        elif path.is_relative_to(target):
             how = "contains"
         else:
             continue
-        raise InputError(f"{what} {str(out)!r} {how} the model folder {option} reads ({folder}): a run written there "
-                         f"would {'replace or mix with' if how != 'contains' else 'bury'} that model's files; give "
-                         f"{what} a folder of its own")
+        if kind == "model":
+            raise InputError(f"{what} {str(out)!r} {how} the model folder {option} reads ({path}): what is written "
+                             f"there would {'replace or mix with' if how != 'contains' else 'bury'} that model's "
+                             f"files; give {what} a path of its own")
+        raise InputError(f"{what} {str(out)!r} {how} {path}, which {option} reads: writing there would "
+                         f"{'destroy' if how == 'is' else 'replace or delete'} the command's own input; give {what} "
+                         "a path of its own")
+
+
+# ------------------------------------------------------------------------------- files minibert wrote
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files_record(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / FILES_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = data.get("files") if isinstance(data, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def written_by_minibert(path) -> dict | None:
+    """What minibert recorded when it wrote the file ``path`` (command, size, sha256), or None when it did
+    not write it or the file changed since (its size or sha256 differ): then it is the user's."""
+    path = Path(path).expanduser()
+    entry = _files_record(path.parent).get(path.name)
+    if not isinstance(entry, dict) or path.is_symlink() or not path.is_file():
+        return None
+    if entry.get("size") != path.stat().st_size or entry.get("sha256") != _sha256(path):
+        return None
+    return entry
+
+
+def note_written(path, command: str) -> None:
+    """Record that ``command`` wrote the file ``path`` (as it is now) in its folder's ``.minibert-files.json``,
+    so that a later run may replace it without ``--overwrite``. Entries of files gone are dropped."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        return
+    folder = path.parent
+    files = {name: entry for name, entry in _files_record(folder).items() if (folder / name).is_file()}
+    files[path.name] = {"command": command, "size": path.stat().st_size, "sha256": _sha256(path),
+                        "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    write_text_atomic(folder / FILES_RECORD, json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
+
+
+def check_output_file(path, reads: Mapping[str, object], what: str, overwrite: bool = False) -> Path:
+    """The one rule for a file a command writes, before any work: never a path the command reads (nor inside a
+    model folder it reads), never an existing file minibert did not write (``written_by_minibert``) unless
+    ``overwrite``. Returns the path."""
+    path = Path(path)
+    check_not_reading(path, reads, what)
+    if path.name == FILES_RECORD:
+        raise InputError(f"{what} {str(path)!r}: {FILES_RECORD} is minibert's record of the files it wrote; choose "
+                         "another name")
+    if (path.exists() or path.is_symlink()) and not overwrite and written_by_minibert(path) is None:
+        raise InputError(f"{what} {str(path)!r} exists and minibert did not write it (or it changed since): it is "
+                         f"never replaced unasked; pass --overwrite to replace it, or choose another name")
+    return path
+
+
+# ------------------------------------------------------------------- the paths a command declares
+def reads_of(run) -> dict[str, Read]:
+    """{option: ``Read``} of every path the settings dataclass instance ``run`` declares it reads
+    (``settings.Setting.path`` "model" or "read")."""
+    from .settings import described, flag_of
+
+    out = {}
+    for field, about, _ in described(type(run)):
+        value = getattr(run, field.name)
+        # a list (not a tuple of paths) is what Python gives for texts themselves: no path to protect
+        if about.path in ("model", "read") and value is not None and not isinstance(value, list):
+            out[flag_of(field, about)] = Read(about.path, value)
+    return out
+
+
+def check_paths(run) -> list[Path]:
+    """The one rule for every path ``run`` (a command's settings) declares it writes, before any work: a run
+    folder (``path="run"``) is not, inside or around a path it reads (``RunFolder`` checks the rest when it
+    is claimed); a file (``path="file"``, with its ``companions``) is checked by ``check_output_file``
+    (``--overwrite``, where the command has it, lets it replace a file minibert did not write), and no two
+    written files are one. Returns the files' real paths (suffix added), to ``note_written`` afterwards."""
+    from .settings import described, flag_of
+
+    reads, overwrite = reads_of(run), bool(getattr(run, "overwrite", False))
+    written: dict[Path, str] = {}
+    for field, about, _ in described(type(run)):
+        value = getattr(run, field.name)
+        if value is None or about.path not in ("run", "file"):
+            continue
+        kind = (run.path_kind(field.name) if hasattr(run, "path_kind") else None) or about.path
+        flag = flag_of(field, about)
+        if kind == "run":
+            check_not_reading(output_dir(value, flag), reads, flag)
+            continue
+        path = output_file(value, about.suffix or "", flag, about.formats)
+        for each in [path, *(path.with_name(path.name[:-len(path.suffix)] + c) for c in about.companions)]:
+            check_output_file(each, reads, flag, overwrite)
+            real = each.expanduser().resolve()
+            if real in written:
+                raise InputError(f"{flag} {str(value)!r} and {written[real]} name the same file ({real}); give each "
+                                 "output a file of its own")
+            written[real] = flag
+    return list(written)
 
 
 def read_record(folder) -> dict | None:
@@ -109,22 +249,54 @@ def contents(folder) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE)
 
 
-def describe(folder) -> tuple[str, bool]:
-    """(what the folder holds, in words; whether it is something minibert or a checkpoint wrote)."""
+def _files_under(folder: Path) -> list[str]:
+    """Every file under ``folder`` (relative paths, symbolic links as files), its lock and record left out."""
+    out = []
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        for name in files + [d for d in dirs if (here / d).is_symlink()]:
+            rel = (here / name).relative_to(folder).as_posix()
+            if rel not in (LOCK_FILE, RECORD_FILE):
+                out.append(rel)
+    return sorted(out)
+
+
+def unaccounted(folder) -> list[str]:
+    """The files under ``folder`` that no minibert record accounts for: a run record lists what its run had
+    written when it last wrote the record (``files``); a sub-folder with a record of its own (a depth
+    study's runs) answers for itself. Without a record, every file."""
     folder = Path(folder)
-    names = contents(folder)
+    known = set((read_record(folder) or {}).get("files") or [])
+    out, own = [], {}
+    for rel in _files_under(folder):
+        if rel in known:
+            continue
+        parts = rel.split("/")
+        sub = next((Path(*parts[:i]) for i in range(1, len(parts)) if (folder / Path(*parts[:i]) / RECORD_FILE).is_file()),
+                   None)
+        if sub is None:
+            out.append(rel)
+        elif sub not in own:
+            own[sub] = [f"{sub.as_posix()}/{r}" for r in unaccounted(folder / sub)]
+    return sorted(out + [r for rs in own.values() for r in rs])
+
+
+def describe(folder) -> tuple[str, bool]:
+    """(what the folder holds, in words; whether minibert wrote all of it: a run record accounting for every
+    file, ``unaccounted``)."""
+    folder = Path(folder)
     record = read_record(folder)
+    foreign = unaccounted(folder)
+    shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
     if record is not None:
         status = record.get("status", "unknown")
         if status == "running" and not _alive(record.get("host"), record.get("pid"), record.get("process_start")):
             status = "unfinished: its process is gone (killed?)"
-        return f"a `minibert {record['command']}` run ({status})", True
-    for name, kind in KNOWN_CONTENTS:
-        if name in names:
-            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-            return f"{kind} ({shown})", True
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    return f"{len(names)} file(s) minibert did not write ({shown})", False
+        held = f"a `minibert {record['command']}` run ({status})"
+        if foreign:
+            held += f" and {len(foreign)} file(s) its record does not account for ({shown})"
+        return held, not foreign
+    return f"{len(foreign)} file(s) no minibert run wrote ({shown})", False
 
 
 # ----------------------------------------------------------------------------------------- the lock
@@ -338,8 +510,9 @@ class RunFolder:
             raise InputError(f"--overwrite will not replace {self.shown!r}: it is the working directory, an ancestor "
                              "of it, the home folder or a repository; choose a folder of its own")
         if not ours:
-            raise InputError(f"--overwrite replaces a model or a run folder; {self.what} {self.shown!r} holds {held}: "
-                             "empty it yourself, or choose another folder")
+            raise InputError(f"--overwrite replaces only what minibert wrote, and {self.what} {self.shown!r} holds "
+                             f"{held}: nothing is deleted. Move those files out (or empty the folder yourself), or "
+                             "choose another folder")
 
     # taking the folder for the run -------------------------------------------------------------------
     @contextmanager
@@ -416,8 +589,9 @@ class RunFolder:
             return None
 
     def _write_record(self, status: str, ended: bool = False) -> None:
+        """The run record, with the files the run has written so far (what ``--overwrite`` may replace)."""
         self.record = {**(self.record or {}), "status": status, "pid": os.getpid(), "host": socket.gethostname(),
-                       "process_start": _process_start(os.getpid())}
+                       "process_start": _process_start(os.getpid()), "files": _files_under(self.real)}
         if ended:
             self.record["ended"] = time.strftime("%Y-%m-%d %H:%M:%S")
         write_text_atomic(self.real / RECORD_FILE, json.dumps(self.record, indent=2) + "\n")
@@ -471,7 +645,15 @@ class RunFolder:
         if not self.writer or self.record is None:
             return
         self.record.setdefault("summary", {}).update(json.loads(json.dumps(values, default=str)))
+        self.record["files"] = _files_under(self.real)
         write_text_atomic(self.real / RECORD_FILE, json.dumps(self.record, indent=2) + "\n")
+
+    def account(self) -> None:
+        """Write the record again with the files the run has written so far (after a checkpoint): a run killed
+        later can still be replaced by ``--overwrite``, every file accounted for."""
+        if self.writer and self.record is not None:
+            self.record["files"] = _files_under(self.real)
+            write_text_atomic(self.real / RECORD_FILE, json.dumps(self.record, indent=2) + "\n")
 
 
 def _differences(saved: dict, now: dict) -> list[str]:

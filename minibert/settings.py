@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from .errors import InputError
 
 _KEY = "minibert"  # the field metadata entry that holds a setting's description
+PATH_KINDS = ("model", "read", "run", "file")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,16 @@ class Setting:
     default_text: str | None = None  # how the help states a default of None (e.g. "the recipe's")
     negate: bool = False  # a bool field whose flag turns it off (``progress`` <- ``--quiet``)
     nargs: str | None = None  # a tuple field given as several words ("+": one or more) instead of commas
+    positional: bool = False  # the command line gives it by position (``minibert embed TEXTS``), not by a flag
+    short: str | None = None  # a one-letter spelling beside the flag (``-k``)
+    finite: bool = True  # a float must be finite (nan and inf are refused) unless infinity means something here
+    #: what a path setting names, so that one rule (``outputs.check_paths``) keeps every written path off every
+    #: read one: "model" (a model or run folder read -- the whole folder is protected), "read" (a data file or
+    #: folder read), "run" (a run folder written: ``outputs.RunFolder``), "file" (a file written)
+    path: str | None = None
+    suffix: str | None = None  # "file": the suffix the writer adds (``.npy``)
+    formats: tuple | None = None  # "file": the suffixes the writer takes (a plot's); ``suffix`` only when none
+    companions: tuple = ()  # "file": files written beside it, the suffix replaced (a search index's ``.json``)
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, required: bool = False, **about):
@@ -51,6 +63,8 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, required: boo
     dataclasses want it."""
     if about.get("choices") is not None:
         about["choices"] = tuple(about["choices"])
+    if about.get("path") not in (None, *PATH_KINDS):
+        raise ValueError(f"path={about['path']!r}: use one of {PATH_KINDS}")
     meta = {_KEY: Setting(help, required=required, **about)}
     if required:
         return dataclasses.field(metadata=meta)
@@ -66,6 +80,10 @@ def described(cls) -> list[tuple[dataclasses.Field, Setting, Any]]:
 
 
 def flag_of(field: dataclasses.Field, about: Setting) -> str:
+    """How messages name the setting: its option (``--out``), or for a positional argument its name in
+    capitals (``TEXTS``), as the usage line shows it."""
+    if about.positional:
+        return field.name.upper()
     return about.flag or "--" + field.name.replace("_", "-")
 
 
@@ -136,10 +154,14 @@ def check_value(name: str, value, kind, about: Setting):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(f"{name}={value!r} must be a number")
         value = float(value)
+        if about.finite and not math.isfinite(value):
+            raise InputError(f"{name}={value!r} must be a finite number{' ' + _bounds_text(about) if _bounds_text(about) else ''}")
     if base is tuple:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise InputError(f"{name}={value!r} must be a list or tuple")
         value = tuple(value)
+        if any(isinstance(v, float) and about.finite and not math.isfinite(v) for v in value):
+            raise InputError(f"{name}={value!r}: every value must be a finite number")
         if any(isinstance(v, (int, float)) and not isinstance(v, bool) and _out_of_bounds(v, about) for v in value):
             raise InputError(f"{name}={value!r}: every value must be {_bounds_text(about)}")
     if base is str and isinstance(value, os.PathLike):
@@ -156,17 +178,19 @@ def check_value(name: str, value, kind, about: Setting):
 
 def check(run) -> None:
     """Check every described field of the dataclass instance ``run`` (types, bounds, choices), normalising
-    ints given for floats and lists for tuples in place; the message names the field and its flag."""
+    ints given for floats and lists for tuples in place; the message names the setting as the user gave it
+    (its option, ``--out``; a Python-only setting by its field name)."""
     for field, about, kind in described(type(run)):
-        name = f"{field.name} ({flag_of(field, about)})" if about.cli else field.name
+        name = flag_of(field, about) if about.cli else field.name
         object.__setattr__(run, field.name, check_value(name, getattr(run, field.name), kind, about))
 
 
 # ------------------------------------------------------------------------------------- the command line
-def number_type(kind: type, *, low=None, high=None, below=None, strict: bool = False):
+def number_type(kind: type, *, low=None, high=None, below=None, strict: bool = False, finite: bool = True):
     """An argparse ``type`` for an int or float option with these bounds (as ``setting`` takes them): a
-    value out of them is refused by argparse, "must be in [0, 1), got 1.5". The commands' shared options
-    (``cli.common``) and every described field use it, so one bound reads the same everywhere."""
+    value out of them is refused by argparse, "must be in [0, 1), got 1.5"; nan and inf too, unless
+    ``finite=False``. The commands' shared options (``cli.common``) and every described field use it, so one
+    bound reads the same everywhere."""
     about = Setting("", low=low, high=high, below=below, strict=strict)
 
     def parse(text: str):
@@ -174,6 +198,9 @@ def number_type(kind: type, *, low=None, high=None, below=None, strict: bool = F
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if kind is float and finite and not math.isfinite(value):
+            bounds = _bounds_text(about)
+            raise argparse.ArgumentTypeError(f"must be a finite number{' ' + bounds if bounds else ''}, got {text}")
         if _out_of_bounds(value, about):
             raise argparse.ArgumentTypeError(f"must be {_bounds_text(about)}, got {_number(value)}")
         return value
@@ -187,7 +214,8 @@ def _parser_type(about: Setting, kind):
     if base is object:  # a path, or in Python something else too (a list of texts): the command line gives text
         return str
     if base in (int, float):
-        return number_type(base, low=about.low, high=about.high, below=about.below, strict=about.strict)
+        return number_type(base, low=about.low, high=about.high, below=about.below, strict=about.strict,
+                           finite=about.finite)
     if base is tuple:
         item = _item_type(kind)
 
@@ -197,6 +225,8 @@ def _parser_type(about: Setting, kind):
             except ValueError:
                 raise argparse.ArgumentTypeError(f"{text!r}: every item must be a{'n' if item is int else ''} "
                                                  f"{item.__name__}") from None
+            if item is float and about.finite and not all(math.isfinite(v) for v in values):
+                raise argparse.ArgumentTypeError(f"{text!r}: every value must be a finite number")
             if item in (int, float) and any(_out_of_bounds(v, about) for v in values):
                 raise argparse.ArgumentTypeError(f"{text!r}: every value must be {_bounds_text(about)}")
             return values
@@ -259,7 +289,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...]
         if not about.cli or field.name in skip:
             continue
         base, _ = _base(kind)
-        names = [flag_of(field, about)]
+        if about.positional:  # given by position: argparse takes its name as the destination
+            options = {"help": help_text(field, about), "type": _parser_type(about, kind), "action": _Store,
+                       "metavar": flag_of(field, about)}
+            if about.nargs is not None:
+                options |= {"nargs": about.nargs, "type": _item_type(kind) if base is tuple else options["type"]}
+            if about.choices is not None:
+                options["choices"] = about.choices
+            parser.add_argument(field.name, **options)
+            continue
+        names = ([about.short] if about.short else []) + [flag_of(field, about)]
         if base is bool:
             parser.add_argument(*names, dest=field.name, action=_StoreFalse if about.negate else _StoreTrue,
                                 default=field.default, help=help_text(field, about))

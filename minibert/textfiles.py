@@ -18,6 +18,8 @@ from typing import Sequence
 
 from .errors import InputError, missing_extra, not_found
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what a plot may be written as (``analysis.plots``)
+
 
 def read_text(path, what: str = "text file") -> str:
     """The whole of a UTF-8 file, line endings untranslated (a "\\r" stays). A missing file is a

@@ -44,9 +44,11 @@ def hooks_page() -> str:
 
 
 def _option_row(action: argparse.Action) -> str:
-    flags = ", ".join(f"`{f}`" for f in action.option_strings) or f"`{action.dest}`"
-    default = "" if action.default in (None, argparse.SUPPRESS) or action.option_strings == [] else \
-        f"`{action.default}`" if not isinstance(action.default, bool) else ("on" if action.default else "off")
+    flags = ", ".join(f"`{f}`" for f in action.option_strings) or f"`{action.metavar or action.dest}`"
+    flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+    # a flag is off unless given (--quiet turns a setting off: the flag itself is still off by default)
+    default = "off" if flag else "" if action.default in (None, argparse.SUPPRESS) or action.option_strings == [] \
+        else f"`{action.default}`"
     choices = f" One of {', '.join(f'`{c}`' for c in action.choices)}." if action.choices else ""
     text = (action.help or "").replace("%%", "%").replace("|", "\\|").replace("\n", " ")
     if "%(default)" in text:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..textfiles import atomic_file, output_file
+from ..textfiles import PLOT_SUFFIXES, atomic_file, output_file
 from ..errors import InputError, missing_extra, require_extra
 
 
@@ -24,7 +24,7 @@ def _pyplot():
 
 
 #: file types a plot can be written as, chosen by the file name's suffix (no suffix: .png)
-FORMATS = (".png", ".svg", ".pdf")
+FORMATS = PLOT_SUFFIXES
 DPI = 150  # raster plots (PNG); SVG and PDF are vector graphics, for print
 
 

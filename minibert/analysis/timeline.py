@@ -85,9 +85,10 @@ class Timeline:
 
 
 def probe_over_time(run, data: list[tuple[list[str], list[str]]], *, pool: str = "first", batch_size: int = 16,
-                    seed: int = 0, test_fraction: float = 0.2, progress: bool = True) -> Timeline:
+                    seed: int = 0, test_fraction: float = 0.2, progress: bool = True, device=None) -> Timeline:
     """``run``: a run folder with ``snapshots/`` or a list of (step, folder); ``data``: (words, labels)
-    sentences (``textfiles.read_conllu``). Every snapshot is probed with the same split and seed."""
+    sentences (``textfiles.read_conllu``). Every snapshot is probed with the same split and seed; its
+    features are computed on ``device`` (None: the CPU)."""
     from ..models import BertModel
     from ..tokenizer import BertTokenizer
 
@@ -99,7 +100,7 @@ def probe_over_time(run, data: list[tuple[list[str], list[str]]], *, pool: str =
     tokenizer = BertTokenizer.from_pretrained(found[0][1])
     vectors, rows = [], []
     for step, folder in found:
-        model = BertModel.from_pretrained(folder)
+        model = BertModel.from_pretrained(folder, device=device)
         tokenizer.check_fits(model.config, str(folder))
         features, words, labels, sentence_ids = labelled_word_features(model, tokenizer, data, pool=pool,
                                                                        batch_size=batch_size, progress=False)

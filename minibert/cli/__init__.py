@@ -85,13 +85,53 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
     print(f"minibert: warning: {message}", file=sys.stderr if file is None else file)
 
 
+def _refuse_renamed(parser, argv) -> None:
+    """A spelling that means something else in this command (``settings.RENAMED``): one line naming the new
+    one, exit 2 -- never taken as an alias."""
+    from .settings import RENAMED
+
+    if not argv or argv[0] not in RENAMED:
+        return
+    for token in argv[1:]:
+        for old, new in RENAMED[argv[0]].items():
+            if token == old or token.startswith(old + "="):
+                parser.exit(2, f"minibert {argv[0]}: error: {old} is now {new}\n")
+
+
+def _stamp(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_join_negative_values(sys.argv[1:] if argv is None else argv))
+    argv = _join_negative_values(sys.argv[1:] if argv is None else argv)
+    _refuse_renamed(parser, argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser: its usage line and its name
+        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        from ..outputs import check_paths, note_written
+        from ..settings import from_args
+
+        run = from_args(args.settings, args)
+        if hasattr(run, "with_preset"):  # a preset changes only what the command line left at its default
+            from ..settings import given
+
+            run = run.with_preset(given(args))
+        written = check_paths(run)  # every written path against every read one, before any work
+        before = {path: _stamp(path) for path in written}
         with warnings.catch_warnings():  # restores showwarning afterwards (main may be called in-process)
             warnings.showwarning = _warning_line
-            code = args.func(args)
+            try:
+                code = args.func(run)
+            finally:  # what the command wrote is recorded as minibert's (a later run may replace it)
+                for path in written:
+                    if _stamp(path) not in (None, before[path]):
+                        note_written(path, args.command)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except BrokenPipeError:

@@ -11,20 +11,15 @@ from pathlib import Path
 
 from ..errors import InputError, require_extra
 from ..logs import lines_to
-from ..names import QUANTISED_DTYPES, SHORT_DTYPES
-from .common import (MODEL_HELP, PLOT_FORMATS, batch_size_option, check_device, device_options, load,
-                     max_length_option, model_option, non_negative_float, output_file, plot_file, plot_option,
-                     positive_int, quiet_option, read_lines, report_truncation, seed_option, tokenize)
+from .common import (add_command, check_device, load, output_file, plot_file, read_lines, report_truncation,
+                     tokenize)
+from .settings import (FillCommand, InspectCommand, LayersCommand, MapCommand, ParityCommand, ProbeCommand,
+                       ProbeOverTimeCommand)
 
 
 # ------------------------------------------------------------------------------------------- layers
 def add_layers(sub) -> None:
-    p = sub.add_parser("layers", help="per-layer table (norms, similarity) and a CKA heatmap for one text",
-                       parents=[model_option(), plot_option("the layer-similarity heatmap"), max_length_option(),
-                                device_options()])
-    p.add_argument("text")
-    p.add_argument("--exclude-special", action="store_true", help="leave [CLS] and [SEP] out of the statistics")
-    p.set_defaults(func=cmd_layers)
+    add_command(sub, "layers", LayersCommand, cmd_layers, "per-layer table (norms, similarity) and a CKA heatmap for one text")
 
 
 def cmd_layers(args) -> int:
@@ -64,13 +59,7 @@ def cmd_layers(args) -> int:
 
 # -------------------------------------------------------------------------------------------- probe
 def add_probe(sub) -> None:
-    p = sub.add_parser("probe", help="train a linear probe per layer on word labels from a CoNLL-U file",
-                       parents=[model_option(), plot_option("the accuracy-per-layer curve"), seed_option(),
-                                quiet_option(), batch_size_option(16), device_options()])
-    p.add_argument("data", help="a .conllu file")
-    p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
-    p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
-    p.set_defaults(func=cmd_probe)
+    add_command(sub, "probe", ProbeCommand, cmd_probe, "train a linear probe per layer on word labels from a CoNLL-U file")
 
 
 def cmd_probe(args) -> int:
@@ -81,9 +70,9 @@ def cmd_probe(args) -> int:
     check_device(args)
     data = read_conllu(args.data, column=args.column)
     model, tokenizer = load(args.model, dtype=args.dtype, device=args.device)
-    result = probe_model(model, tokenizer, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed,
+    result = probe_model(model, tokenizer, data, pool=args.word_pool, batch_size=args.batch_size, seed=args.seed,
                          progress=not args.quiet)
-    print(f"probing {args.column} in {args.data} ({len(data)} sentences) with {args.model}, pool={args.pool}, "
+    print(f"probing {args.column} in {args.data} ({len(data)} sentences) with {args.model}, word pool={args.word_pool}, "
           f"seed={args.seed}")
     print(result.table())
     if args.plot:
@@ -95,16 +84,7 @@ def cmd_probe(args) -> int:
 
 # ---------------------------------------------------------------------------------- probe-over-time
 def add_probe_over_time(sub) -> None:
-    p = sub.add_parser("probe-over-time", help="probe every layer of every snapshot of a pre-training run "
-                       "(minibert pretrain --snapshots N): when does each layer learn, which layers settle first",
-                       parents=[plot_option("the layer x step heatmaps"), seed_option(), quiet_option(),
-                                batch_size_option(16)])
-    p.add_argument("run", help="a pre-training run's folder (with snapshots/)")
-    p.add_argument("data", help="a .conllu file")
-    p.add_argument("--column", default="upos", help="label column (upos, xpos, deprel, ...; default upos)")
-    p.add_argument("--pool", choices=["first", "mean"], default="first", help="sub-word pooling (default first)")
-    p.add_argument("--json", help="write the grids (accuracy, control, selectivity, CKA) to this JSON file")
-    p.set_defaults(func=cmd_probe_over_time)
+    add_command(sub, "probe-over-time", ProbeOverTimeCommand, cmd_probe_over_time, "probe every layer of every snapshot of a pre-training run (minibert pretrain --snapshots N): when does each layer learn, which layers settle first")
 
 
 def cmd_probe_over_time(args) -> int:
@@ -117,9 +97,10 @@ def cmd_probe_over_time(args) -> int:
         raise InputError(f"run folder not found: {Path(args.run).resolve()}")
     data = read_conllu(args.data, column=args.column)
     with lines_to(sys.stdout, enabled=not args.quiet):
-        timeline = probe_over_time(args.run, data, pool=args.pool, batch_size=args.batch_size, seed=args.seed)
+        timeline = probe_over_time(args.run, data, pool=args.word_pool, batch_size=args.batch_size, seed=args.seed,
+                                   device=check_device(args))
     print(f"probing {args.column} in {args.data} ({len(data)} sentences) across {len(timeline.steps)} snapshots "
-          f"of {args.run}, pool={args.pool}, seed={args.seed}")
+          f"of {args.run}, word pool={args.word_pool}, seed={args.seed}")
     print(timeline.table())
     if json_path:
         print(f"wrote {save_timeline(timeline, json_path)}")
@@ -132,21 +113,7 @@ def cmd_probe_over_time(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- map
 def add_map(sub) -> None:
-    p = sub.add_parser("map", help="2-D maps of word, sentence or word-occurrence vectors, one panel per layer",
-                       parents=[model_option(), seed_option(), quiet_option(), device_options()])
-    p.add_argument("data", help=".conllu (words by --column), .csv/.tsv/.jsonl (sentences by --label-column, or "
-                   "occurrences of --word), .txt with --word")
-    p.add_argument("--out", required=True, help="the figure (" + PLOT_FORMATS + ")")
-    p.add_argument("--layers", default="all", help="hidden states to show: all, 0,3,6, -3: (default all)")
-    p.add_argument("--method", default="pca", help="pca (default), tsne (scikit-learn) or umap (umap-learn)")
-    p.add_argument("--column", default="upos", help=".conllu: the label column (default upos)")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
-    p.add_argument("--word", help="points are the occurrences of this word (or words, comma-separated)")
-    p.add_argument("--pool", choices=["mean", "cls", "max"], default="mean", help="sentence vectors (default mean)")
-    p.add_argument("--max-points", type=int, default=3000, help="a seeded sample when there are more (default 3000)")
-    p.add_argument("--json", help="also write the coordinates and scores to this JSON file")
-    p.set_defaults(func=cmd_map)
+    add_command(sub, "map", MapCommand, cmd_map, "2-D maps of word, sentence or word-occurrence vectors, one panel per layer")
 
 
 def cmd_map(args) -> int:
@@ -216,13 +183,7 @@ def cmd_map(args) -> int:
 
 # --------------------------------------------------------------------------------------------- fill
 def add_fill(sub) -> None:
-    p = sub.add_parser("fill", help="predict [MASK] tokens with the masked-LM head (and the logit lens)",
-                       parents=[model_option(), plot_option("the logit-lens plot (implies --lens)"),
-                                max_length_option(), device_options()])
-    p.add_argument("texts", nargs="+", help="texts with [MASK] in them")
-    p.add_argument("--top-k", type=positive_int, default=5)
-    p.add_argument("--lens", action="store_true", help="also print the per-layer logit lens for the first mask")
-    p.set_defaults(func=cmd_fill)
+    add_command(sub, "fill", FillCommand, cmd_fill, "predict [MASK] tokens with the masked-LM head (and the logit lens)")
 
 
 def cmd_fill(args) -> int:
@@ -251,16 +212,7 @@ def cmd_fill(args) -> int:
 
 # ------------------------------------------------------------------------------------------- parity
 def add_parity(sub) -> None:
-    p = sub.add_parser("parity", help="per-layer differences: minibert vs transformers, or two checkpoints",
-                       parents=[model_option()])
-    p.add_argument("--against", help="a second checkpoint (run by minibert) instead of transformers")
-    p.add_argument("--dtype", choices=[*SHORT_DTYPES, *QUANTISED_DTYPES], default="fp32",
-                   help="int8: the model quantised on load (dtype='int8') against its own fp32 weights, layer by "
-                        "layer, and the cosine of their sentence vectors (needs >= 0.99)")
-    p.add_argument("--texts", help="a text file, one input per line (default: a built-in varied set)")
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    p.add_argument("--atol", type=non_negative_float, help="tolerance (default 1e-5 fp32, 5e-3 fp16, 5e-2 bf16)")
-    p.set_defaults(func=cmd_parity)
+    add_command(sub, "parity", ParityCommand, cmd_parity, "per-layer differences: minibert vs transformers, or two checkpoints")
 
 
 def cmd_parity(args) -> int:
@@ -282,12 +234,7 @@ def cmd_parity(args) -> int:
 
 # ------------------------------------------------------------------------------------------ inspect
 def add_inspect(sub) -> None:
-    p = sub.add_parser("inspect", help="parameters per component, FLOPs per token, activation memory",
-                       parents=[model_option(MODEL_HELP + "; official names (bert-base-uncased, ...) use built-in "
-                                                          "geometry")])
-    p.add_argument("--batch", type=positive_int, default=8, help="batch size for the memory estimate (default 8)")
-    p.add_argument("--lengths", default="128,512", help="sequence lengths, comma-separated (default 128,512)")
-    p.set_defaults(func=cmd_inspect)
+    add_command(sub, "inspect", InspectCommand, cmd_inspect, "parameters per component, FLOPs per token, activation memory")
 
 
 def cmd_inspect(args) -> int:
@@ -295,14 +242,9 @@ def cmd_inspect(args) -> int:
     from ..names import preset_name
     from ..tools.accounting import format_report
 
-    lengths = []
-    for part in args.lengths.split(","):
-        try:
-            lengths.append(int(part))
-        except ValueError:
-            raise InputError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
-    if any(T < 1 for T in lengths):
-        raise InputError(f"--lengths must be positive, got {args.lengths!r}")
+    lengths = list(args.lengths)  # positive integers: checked by the parser
+    if not lengths:
+        raise InputError("--lengths: give one or more sequence lengths, e.g. 128,512")
     if not Path(args.model).expanduser().exists() and preset_name(args.model):
         # official geometry: no download needed to count
         target, name = BertConfig.from_preset(args.model), f"{args.model} (built-in geometry, no weights loaded)"
@@ -314,7 +256,7 @@ def cmd_inspect(args) -> int:
     too_long = [T for T in lengths if T > limit]
     if too_long:
         raise InputError(f"--lengths {too_long} exceed max_position_embeddings={limit}")
-    print(format_report(target, name, lengths=lengths, batch=args.batch))
+    print(format_report(target, name, lengths=lengths, batch=args.batch_size))
     print(fast_path_routes(target if isinstance(target, BertConfig) else target.config))
     return 0
 

@@ -1,10 +1,11 @@
-"""What the commands share: the options written once (parent parsers), loading a model with its tokenizer,
-tokenising with a truncation report, reading text files, checking output paths before any work.
+"""What the commands share: a command's parser made from its settings dataclass (``add_command``; the
+options each command shares are declared once in ``cli/settings.py`` and ``runs/settings.py``), loading a
+model with its tokenizer, tokenising with a truncation report, reading text files.
 
-Simple ranges (a positive int, a positive number) are argparse types, so a bad value is refused with the
-usage line before any work; what depends on the model (a --max-length past its positions) is checked
-once the model is loaded. Only argparse and the standard library are imported here: ``minibert --help``
-never waits for torch.
+Simple ranges (a positive int, a positive number) are argparse types made from the declared bounds, so a
+bad value is refused with the usage line before any work; what depends on the model (a --max-length past
+its positions) is checked once the model is loaded. Only argparse and the standard library are imported
+here: ``minibert --help`` never waits for torch.
 """
 
 from __future__ import annotations
@@ -14,78 +15,19 @@ import sys
 
 from ..checks import check_max_length, model_limit
 from ..errors import InputError
-from ..checks import SEED_LIMIT
-from ..runs.settings import DEFAULT_MODEL, MODEL_HELP
-from ..settings import number_type
+from ..runs.settings import DEFAULT_MODEL  # noqa: F401  (public: minibert.cli.DEFAULT_MODEL)
 from ..textfiles import output_dir, output_file, read_lines  # noqa: F401  (the commands' file checks and reader)
 
-PLOT_FORMATS = ".png (150 dpi), .svg or .pdf; no suffix: .png"
 
+# ------------------------------------------------------------------------------------- a command
+def add_command(sub, name: str, settings, func, help: str) -> argparse.ArgumentParser:
+    """The sub-parser of one command, every option from its settings dataclass (``settings.add_arguments``);
+    ``main`` builds the dataclass from the parsed options, checks its paths and calls ``func(run)``."""
+    from ..settings import add_arguments
 
-#: the argparse types of the shared options, from the one rule of ``settings.number_type`` (what the run
-#: dataclasses' fields use too): a bound reads the same in every command
-positive_int = number_type(int, low=1)
-#: a truncation length: ``checks.check_max_length``'s lower bound (the upper one, the model's positions, is
-#: checked once the model's config is read)
-max_length_type = number_type(int, low=3)
-positive_float = number_type(float, low=0, strict=True)
-non_negative_float = number_type(float, low=0)
-non_negative_int = number_type(int, low=0, high=SEED_LIMIT)  # a seed: what numpy takes
-fraction = number_type(float, low=0, below=1)  # a probability (a dropout: 1 would drop everything)
-
-
-
-
-# -------------------------------------------------------------------------------- parent parsers
-def _parent() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(add_help=False)
-
-
-def model_option(help: str = MODEL_HELP, required: bool = False) -> argparse.ArgumentParser:
-    """``--model``: the checkpoint a command runs."""
-    p = _parent()
-    if required:
-        p.add_argument("--model", required=True, help=help)
-    else:
-        p.add_argument("--model", default=DEFAULT_MODEL, help=help)
-    return p
-
-
-def max_length_option(default: int | None = None) -> argparse.ArgumentParser:
-    """``--max-length``: inference commands default to the model's limit; training ones to 128 tokens (the
-    cost of a step grows with it)."""
-    p = _parent()
-    if default is None:
-        p.add_argument("--max-length", type=max_length_type, default=None,
-                       help="truncate texts to this many tokens, [CLS] and [SEP] included (default: the model's "
-                            "limit, 512); how many texts were truncated is said on stderr")
-    else:
-        p.add_argument("--max-length", type=max_length_type, default=default,
-                       help=f"truncate texts to this many tokens, [CLS] and [SEP] included (default {default})")
-    return p
-
-
-def batch_size_option(default: int | None = None, help: str | None = None) -> argparse.ArgumentParser:
-    """``--batch-size``: texts (rows) per batch, a positive int in every command."""
-    p = _parent()
-    p.add_argument("--batch-size", type=positive_int, default=default,
-                   help=help or f"texts per batch (default {default if default is not None else 32})")
-    return p
-
-
-DEVICE_HELP = "where the model runs: cpu (default), cuda or cuda:N"
-DTYPE_HELP = ("the weights' dtype: fp32, bf16, fp16 (a GPU's, or a CPU with AVX-512-BF16 / AMX), int8 (quantised on "
-              "load; CPU only); default: as the checkpoint stores them")
-
-
-def device_options() -> argparse.ArgumentParser:
-    """``--device`` and ``--dtype`` of the inference commands, checked before any work
-    (``hardware.inference_device``)."""
-    from ..names import QUANTISED_DTYPES, SHORT_DTYPES
-
-    p = _parent()
-    p.add_argument("--device", help=DEVICE_HELP)
-    p.add_argument("--dtype", choices=[*SHORT_DTYPES, *QUANTISED_DTYPES], default=None, help=DTYPE_HELP)
+    p = sub.add_parser(name, help=help, description=help)
+    add_arguments(p, settings)
+    p.set_defaults(func=func, settings=settings, parser=p)
     return p
 
 
@@ -97,24 +39,6 @@ def check_device(args):
     if getattr(args, "device", None) is None:
         return None
     return inference_device(args.device, dtype=getattr(args, "dtype", None))
-
-
-def quiet_option(what: str = "no progress bar") -> argparse.ArgumentParser:
-    p = _parent()
-    p.add_argument("--quiet", action="store_true", help=what)
-    return p
-
-
-def seed_option() -> argparse.ArgumentParser:
-    p = _parent()
-    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed, an integer >= 0 (default 0)")
-    return p
-
-
-def plot_option(what: str) -> argparse.ArgumentParser:
-    p = _parent()
-    p.add_argument("--plot", help=f"write {what} to this file ({PLOT_FORMATS})")
-    return p
 
 
 # ------------------------------------------------------------------------------- shared helpers

@@ -9,24 +9,16 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..outputs import check_not_reading
 from ..textfiles import atomic_file, write_text_atomic
 from ..checks import check_max_length, model_limit
-from .common import (MODEL_HELP, batch_size_option, blank_line_error, check_device, device_options, load,
-                     max_length_option, model_option, output_file, positive_float, positive_int, quiet_option,
-                     read_lines, report_truncation, tokenize)
+from .common import (add_command, blank_line_error, check_device, load, output_file, read_lines, report_truncation,
+                     tokenize)
+from .settings import EmbedCommand, EncodeCommand, SearchCommand
 
 
 # ------------------------------------------------------------------------------------------- encode
 def add_encode(sub) -> None:
-    p = sub.add_parser("encode", help="tokenise texts and print their vectors",
-                       parents=[model_option(MODEL_HELP + "; offline: weights/all-MiniLM-L6-v2"), max_length_option(),
-                                device_options()])
-    p.add_argument("texts", nargs="+", help="one or more texts")
-    p.add_argument("--layer", type=int, default=-1, help="which hidden state: 0 = embeddings, -1 = last")
-    p.add_argument("--pool", choices=["cls", "mean"], default="mean", help="how to pool tokens (default mean)")
-    p.add_argument("--json", action="store_true", help="print JSON with the full vectors")
-    p.set_defaults(func=cmd_encode)
+    add_command(sub, "encode", EncodeCommand, cmd_encode, "tokenise texts and print their vectors")
 
 
 def cmd_encode(args) -> int:
@@ -47,7 +39,7 @@ def cmd_encode(args) -> int:
     for text, row_ids, vector in zip(args.texts, ids, vectors):
         tokens = tokenizer.convert_ids_to_tokens(row_ids)
         rows.append({"text": text, "tokens": tokens, "vector": [round(float(v), 6) for v in vector]})
-    if args.json:
+    if args.format == "json":
         json.dump({"model": args.model, "layer": args.layer, "pool": args.pool, "results": rows}, sys.stdout)
         sys.stdout.write("\n")
         return 0
@@ -70,43 +62,8 @@ def cmd_encode(args) -> int:
 
 # -------------------------------------------------------------------------------------------- embed
 def add_embed(sub) -> None:
-    p = sub.add_parser("embed", help="embed a file of texts (one per line) into a .npy matrix (or, with --engine "
-                                     "ray, shards into Parquet)", parents=[model_option(), max_length_option(),
-                                                                           quiet_option(), batch_size_option(
-                                                                               help="texts per batch (default 32 "
-                                                                               "without --max-tokens on a CPU; a "
-                                                                               "budget of 16384 tokens on a GPU)"),
-                                                                           device_options()])
-    p.add_argument("texts", nargs="+", help="a UTF-8 text file, one text per line, lines end at \\n only "
-                                            "(row i of the output = line i); with --engine ray: shards (.txt, .jsonl, "
-                                            ".parquet), directories or globs")
-    p.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="local (default): this process, a .npy matrix; ray: Ray Data actors, Parquet (id, vector) "
-                        "files in --out (a directory); see minibert.compat.ray")
-    p.add_argument("--workers", type=positive_int, help="--engine ray: actors (model copies), default 2")
-    p.add_argument("--threads", type=positive_int, help="--engine ray: torch threads per actor (default 1)")
-    p.add_argument("--gpus-per-worker", type=positive_float,
-                   help="--engine ray: GPUs per actor (e.g. 1, or 0.5 for two actors a GPU); each actor runs on the GPU "
-                        "Ray gives it (default: none, CPU actors)")
-    p.add_argument("--address", help="--engine ray: a running cluster (auto, ray://host:10001); default: local Ray")
-    p.add_argument("--layers", help="pool these hidden states instead of following a sentence-transformers "
-                                    "folder: -1, -4:, 0,6,-1 or all (default -1)")
-    p.add_argument("--pool", choices=["cls", "mean", "max"], help="pooling of hidden states (default mean)")
-    p.add_argument("--combine", choices=["concat", "mean"],
-                   help="how to join several layers (default concat: k x hidden dims)")
-    p.add_argument("--ignore-folder-settings", action="store_true",
-                   help="a sentence-transformers folder (modules.json) is followed by default (its truncation, "
-                        "pooling, normalisation); this pools hidden states with the options above instead")
-    p.add_argument("--max-tokens", type=positive_int,
-                   help="token budget per batch (rows x longest row, e.g. 8192) instead of a fixed count; with "
-                        "--batch-size given too, both limits hold")
-    p.add_argument("--out", required=True, help="output .npy file (.npy is added when missing; the directory "
-                                                "must exist)")
-    p.add_argument("--blank", choices=["error", "zeros"], default="error",
-                   help="a blank line is an error (default), or gets a row of zeros")
-    p.add_argument("--overwrite", action="store_true", help="--engine ray: replace what the --out folder holds "
-                   "(without it a folder that holds anything is refused)")
-    p.set_defaults(func=cmd_embed)
+    add_command(sub, "embed", EmbedCommand, cmd_embed, "embed a file of texts (one per line) into a .npy matrix (or, "
+                "with --engine ray, shards into Parquet)")
 
 
 def cmd_embed(args) -> int:
@@ -122,9 +79,6 @@ def cmd_embed(args) -> int:
         if getattr(args, name) is not None:
             raise InputError(f"--{name.replace('_', '-')} is for --engine ray")
     check_device(args)  # before any file is read or written
-    if args.overwrite:
-        raise InputError("--overwrite is for --engine ray (its --out is a folder); the local engine replaces its .npy "
-                         "file, in one step")
     if len(args.texts) != 1:
         raise InputError(f"the local engine embeds one file ({len(args.texts)} given); --engine ray takes shards")
     args.texts = args.texts[0]
@@ -134,8 +88,7 @@ def cmd_embed(args) -> int:
     blank = [i for i, t in enumerate(texts) if not t.strip()]
     if blank and args.blank == "error":
         raise blank_line_error(args.texts, blank)
-    out_path = output_file(args.out, ".npy", "--out")
-    check_not_reading(out_path, {"--model": args.model})
+    out_path = output_file(args.out, ".npy", "--out")  # checked by the path rule (``outputs.check_paths``)
     raw = [name for name, value in (("--layers", args.layers), ("--pool", args.pool), ("--combine", args.combine))
            if value is not None]
     follow = not raw and not args.ignore_folder_settings and sentence.is_sentence_folder(args.model)
@@ -219,33 +172,24 @@ def _embed_on_ray(args) -> int:
 
 # ------------------------------------------------------------------------------------------- search
 def add_search(sub) -> None:
-    p = sub.add_parser("search", help="the lines of a corpus most similar to a query (cosine of sentence vectors)",
-                       parents=[model_option(MODEL_HELP + " (a sentence-transformers folder's settings are followed)"),
-                                max_length_option(), batch_size_option(), quiet_option(), device_options()])
-    p.add_argument("corpus", help="a UTF-8 text file, one text per line (blank lines are never hits)")
-    p.add_argument("queries", nargs="+", help="one or more query texts")
-    p.add_argument("-k", type=positive_int, default=5, help="hits per query (default 5)")
-    p.add_argument("--index", help="a .npy file for the corpus vectors, with a .json beside it recording what they "
-                                   "were made from (the corpus' sha256, the model's weights, pooling, max length, "
-                                   "normalisation): written on the first run, reused while all of these match, "
-                                   "rebuilt (and said so) when one differs")
-    p.add_argument("--json", action="store_true", help="print the hits as JSON")
-    p.set_defaults(func=cmd_search)
+    add_command(sub, "search", SearchCommand, cmd_search,
+                "the lines of a corpus most similar to a query (cosine of sentence vectors)")
 
 
 #: bumped when what an index records changes; an index of another version is rebuilt
 INDEX_FORMAT = 1
 
 
-def index_record(corpus, lines: int, encoder) -> dict:
+def index_record(corpus, lines: int, encoder, dtype: str | None = None) -> dict:
     """What a search index is made from: any difference means its vectors are not this corpus' under this
-    model and settings."""
+    model and settings. ``dtype``: what the model was loaded as (--dtype; int8 keeps float parameters beside
+    its quantised layers, so it is recorded as asked), else its parameters' dtype."""
     from ..tools.fingerprint import file_sha256, weights_fingerprint
 
     settings = encoder.settings()
     return {"format": INDEX_FORMAT, "corpus_sha256": file_sha256(corpus), "lines": lines,
             "model": settings["source"], "weights_sha256": weights_fingerprint(encoder.model),
-            "dtype": str(next(encoder.model.parameters()).dtype).replace("torch.", ""),
+            "dtype": dtype or str(next(encoder.model.parameters()).dtype).replace("torch.", ""),
             "pooling": settings["pooling"], "max_seq_length": settings["max_seq_length"],
             "normalize": settings["normalize"], "do_lower_case": settings["do_lower_case"]}
 
@@ -280,19 +224,22 @@ def cmd_search(args) -> int:
         raise InputError(f"{args.corpus} has no non-blank line to search")
     index = meta_file = None
     if args.index:
-        index = output_file(args.index, ".npy", "--index")  # checked before any work
-        check_not_reading(index, {"--model": args.model}, "--index")
+        index = output_file(args.index, ".npy", "--index")  # checked before any work (``outputs.check_paths``)
         meta_file = index.with_name(index.name[:-len(".npy")] + ".json")
     encoder = SentenceEncoder.from_pretrained(args.model, dtype=args.dtype, device=device)
     if args.max_length is not None:
         encoder.max_seq_length = check_max_length("--max-length", args.max_length,
                                                   model_limit(encoder.model.config, encoder.tokenizer))
-    record = index_record(args.corpus, len(lines), encoder)
+    record = index_record(args.corpus, len(lines), encoder, {"fp32": "float32", "bf16": "bfloat16",
+                                                             "fp16": "float16"}.get(args.dtype, args.dtype))
     dims = encoder.get_sentence_embedding_dimension()
     matrix = None
     if index is not None and index.exists():
-        matrix = np.load(index)
-        why = _index_differences(meta_file, record, matrix.shape)
+        try:
+            matrix = np.load(index, allow_pickle=False)
+            why = _index_differences(meta_file, record, matrix.shape)
+        except (OSError, ValueError) as e:  # not a .npy matrix (a file minibert wrote, damaged since)
+            matrix, why = None, [f"it is not a readable .npy matrix ({str(e).splitlines()[0]})"]
         if why:
             print(f"minibert: rebuilding the index {index}: {'; '.join(why)}", file=sys.stderr)
             matrix = None
@@ -313,10 +260,10 @@ def cmd_search(args) -> int:
             print(f"minibert: saved the index to {index} and what it was made from to {meta_file.name}",
                   file=sys.stderr)
     queries = encoder.encode(args.queries)
-    hits = cosine_search(matrix[keep], queries, k=args.k)
+    hits = cosine_search(matrix[keep], queries, k=args.top_k)
     results = [{"query": q, "hits": [{"line": keep[j] + 1, "score": round(score, 6), "text": lines[keep[j]]}
                                      for j, score in found]} for q, found in zip(args.queries, hits)]
-    if args.json:
+    if args.format == "json":
         json.dump({"model": args.model, "corpus": args.corpus, "results": results}, sys.stdout)
         sys.stdout.write("\n")
         return 0

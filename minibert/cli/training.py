@@ -10,27 +10,23 @@ from pathlib import Path
 from ..errors import InputError, MissingExtra, not_found
 from ..logs import lines_to
 from ..checks import check_max_length, model_limit
-from .common import (batch_size_option, check_device, device_options, max_length_option, read_lines,
-                     report_truncation)
+from ..runs.settings import DepthStudyRun, DistillRun, ExitsRun, FinetuneRun, PretrainRun
+from .common import add_command, check_device, read_lines, report_truncation
+from .settings import PredictCommand
 
 
 # ----------------------------------------------------------------------------------------- finetune
 def add_finetune(sub) -> None:
-    from ..runs.settings import FinetuneRun
-    from ..settings import add_arguments
-
-    p = sub.add_parser("finetune", help="fine-tune a task head (and the encoder) on a labelled file")
-    add_arguments(p, FinetuneRun)  # every option, its help, default and bounds: the run's dataclass
-    p.set_defaults(func=cmd_finetune)
+    add_command(sub, "finetune", FinetuneRun, cmd_finetune,
+                "fine-tune a task head (and the encoder) on a labelled file")
 
 
 def cmd_finetune(args) -> int:
     from ..runs.finetune import finetune
-    from ..runs.settings import TASK_MODULE_RECIPES, FinetuneRun
-    from ..settings import from_args
+    from ..runs.settings import TASK_MODULE_RECIPES
 
     with lines_to(sys.stdout):  # the epoch lines (--quiet: no progress bar)
-        history = finetune(from_args(FinetuneRun, args))
+        history = finetune(args)
     if getattr(history, "nothing_to_resume", False):
         print(f"nothing to resume: {args.out} holds a finished run (best epoch {history.best_epoch}, "
               f"{history.metric} {history.best_metric:.4f}); nothing written")
@@ -46,19 +42,8 @@ def cmd_finetune(args) -> int:
 
 # ------------------------------------------------------------------------------------------ predict
 def add_predict(sub) -> None:
-    p = sub.add_parser("predict", help="labels (or tags) for the lines of a text file, with a fine-tuned model",
-                       parents=[max_length_option(), batch_size_option(), device_options()])
-    p.add_argument("checkpoint", nargs="+",
-                   help="a directory written by `minibert finetune`; or one or more task modules (--recipe adapter, "
-                        "prefix, lora), run on one shared base")
-    p.add_argument("texts", help="a UTF-8 text file, one text per line; output line i is input line i (a blank "
-                                 "line gives an empty one)")
-    p.add_argument("--model", help="task modules: the base they were trained on (default: the one the first "
-                                    "records)")
-    p.add_argument("--skip-base-check", action="store_true",
-                   help="task modules: load them on --model even when its weights' fingerprint differs from the base "
-                        "they were trained on (the same model saved otherwise); its config must still match")
-    p.set_defaults(func=cmd_predict)
+    add_command(sub, "predict", PredictCommand, cmd_predict,
+                "labels (or tags) for the lines of a text file, with a fine-tuned model")
 
 
 def cmd_predict(args) -> int:
@@ -170,20 +155,14 @@ def _predict_with_task_modules(args, folders, lines) -> int:
 
 # ------------------------------------------------------------------------------------------ distill
 def add_distill(sub) -> None:
-    from ..runs.settings import DistillRun
-    from ..settings import add_arguments
-
-    p = sub.add_parser("distill", help="distil a model into a shallower student (sentence embeddings or a task)")
-    add_arguments(p, DistillRun)
-    p.set_defaults(func=cmd_distill)
+    add_command(sub, "distill", DistillRun, cmd_distill,
+                "distil a model into a shallower student (sentence embeddings or a task)")
 
 
 def cmd_distill(args) -> int:
     from ..runs import distill as D
-    from ..runs.settings import DistillRun
-    from ..settings import from_args
 
-    run = from_args(DistillRun, args)
+    run = args
     run.check()  # which mode, and what goes with it, before any work
     out = args.out
     if run.mode == "task":
@@ -212,20 +191,14 @@ def cmd_distill(args) -> int:
 
 # -------------------------------------------------------------------------------------------- exits
 def add_exits(sub) -> None:
-    from ..runs.settings import ExitsRun
-    from ..settings import add_arguments
-
-    p = sub.add_parser("exits", help="train early exits on a fine-tuned classifier; print accuracy vs blocks run")
-    add_arguments(p, ExitsRun)
-    p.set_defaults(func=cmd_exits)
+    add_command(sub, "exits", ExitsRun, cmd_exits,
+                "train early exits on a fine-tuned classifier; print accuracy vs blocks run")
 
 
 def cmd_exits(args) -> int:
     from ..runs.exits import train_exits
-    from ..runs.settings import ExitsRun
-    from ..settings import from_args
 
-    run = from_args(ExitsRun, args)
+    run = args
     with lines_to(sys.stderr, enabled=run.progress):
         table = train_exits(run)
     print(table)
@@ -238,21 +211,15 @@ def cmd_exits(args) -> int:
 
 # ----------------------------------------------------------------------------------------- pretrain
 def add_pretrain(sub) -> None:
-    from ..runs.settings import PretrainRun
-    from ..settings import add_arguments
-
-    p = sub.add_parser("pretrain", help="pre-train a BERT with its own objective (masked LM, optionally next "
+    add_command(sub, "pretrain", PretrainRun, cmd_pretrain,
+                "pre-train a BERT with its own objective (masked LM, optionally next "
                                         "sentence): from scratch or continued")
-    add_arguments(p, PretrainRun)
-    p.set_defaults(func=cmd_pretrain)
 
 
 def cmd_pretrain(args) -> int:
     from ..runs.pretrain import run_pretraining
-    from ..runs.settings import PretrainRun
-    from ..settings import from_args
 
-    run = from_args(PretrainRun, args)
+    run = args
     with lines_to(sys.stderr, enabled=run.progress):
         summary = run_pretraining(run)
     if summary.get("nothing_to_resume"):
@@ -271,21 +238,15 @@ def cmd_pretrain(args) -> int:
 
 # -------------------------------------------------------------------------------------- depth-study
 def add_depth_study(sub) -> None:
-    from ..runs.settings import DepthStudyRun
-    from ..settings import add_arguments
-
-    p = sub.add_parser("depth-study", help="pre-train encoders of several depths on one corpus (equal steps and "
+    add_command(sub, "depth-study", DepthStudyRun, cmd_depth_study,
+                "pre-train encoders of several depths on one corpus (equal steps and "
                        "equal compute, seeds for the spread), then measure and plot what depth buys")
-    add_arguments(p, DepthStudyRun)
-    p.set_defaults(func=cmd_depth_study)
 
 
 def cmd_depth_study(args) -> int:
     from ..runs.depth_study import ARMS, best_probe, plot_study, study, summary_rows
-    from ..runs.settings import DepthStudyRun
-    from ..settings import from_args, given
 
-    run = from_args(DepthStudyRun, args).with_preset(given(args))
+    run = args  # the --quick preset applied by ``main`` to what the command line left at its default
     with lines_to(sys.stderr, enabled=run.progress):
         results = study(run)
     print(f"{'blocks':>6}  {'budget':>7}  {'norm':>8}  {'warmup':>6}  {'seeds':>5}  {'steps':>6}  "

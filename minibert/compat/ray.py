@@ -234,7 +234,7 @@ def embed_dataset(inputs, out_dir, settings: RayEmbed, *, overwrite: bool = Fals
     (checked before any work)."""
     import contextlib
 
-    from ..outputs import RunFolder
+    from ..outputs import Read, RunFolder
 
     settings.check()
     files = expand_inputs(inputs)
@@ -242,7 +242,8 @@ def embed_dataset(inputs, out_dir, settings: RayEmbed, *, overwrite: bool = Fals
         _check_columns(files, settings.text_field, settings.id_field)
     folder = None
     if "://" not in str(out_dir):  # before any work: the rule of every output folder
-        folder = RunFolder(out_dir, command="embed", what="out_dir (--out)", reads={"--model": settings.model},
+        folder = RunFolder(out_dir, command="embed", what="--out", reads={"--model": settings.model,
+                                                                          "TEXTS": Read("read", tuple(files))},
                            overwrite=overwrite, resumable=False)
     claimed = {"inputs": [str(f) for f in files], "model": str(settings.model)}
     with folder.claim(claimed) if folder else contextlib.nullcontext():

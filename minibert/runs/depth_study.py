@@ -123,13 +123,16 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     where it stopped (the same settings, each one that differs named); a new probe or task file, or a
     changed one, is measured on every finished model; another corpus, vocabulary or held-out text is
     refused by name (every loss would change). ``overwrite`` replaces the folder instead."""
-    from ..outputs import RunFolder
+    from ..outputs import Read, RunFolder
     from ..textfiles import read_conllu
     from ..tokenizer import BertTokenizer
     from ..training.pretrain_data import TokenStore
 
     files, eval_files = _checked_inputs(config, corpus, eval_texts, conllu, task_train, task_eval, device)
-    folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, overwrite=overwrite,
+    reads = {"--vocab": vocab, "--corpus": Read("read", tuple(files)), "--eval-texts": Read("read", eval_texts),
+             "--conllu": Read("read", conllu), "--task-train": Read("read", task_train),
+             "--task-eval": Read("read", task_eval)}
+    folder = RunFolder(out_dir, command="depth-study", reads=reads, overwrite=overwrite,
                        resumable=False, continues=_holds_study)
     out_dir = folder.path
     tokenizer = BertTokenizer.from_pretrained(vocab)
@@ -480,7 +483,7 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     finished; a new or changed probe or task file is measured on the finished arms); returns that entry:
     {"teacher": run name, "depths": {"k": {arm: measures}}}. ``device``: where the distilled arm pre-trains
     and the task fine-tunes."""
-    from ..outputs import RunFolder
+    from ..outputs import Read, RunFolder
     from ..training.pretrain_data import corpus_files
 
     out_dir = Path(out_dir)
@@ -495,8 +498,10 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     config = study_config(results)
     inputs = study_inputs(files, vocab, eval_files, conllu, task_train, task_eval)
     _compare_study(results, {"config": results["config"], "inputs": inputs}, path)  # the same corpus, vocab, held-out
-    folder = RunFolder(out_dir, command="depth-study", reads={"--vocab": vocab}, resumable=False,
-                       continues=_holds_study)
+    reads = {"--vocab": vocab, "--corpus": Read("read", tuple(files)), "--eval-texts": Read("read", eval_texts),
+             "--conllu": Read("read", conllu), "--task-train": Read("read", task_train),
+             "--task-eval": Read("read", task_eval)}
+    folder = RunFolder(out_dir, command="depth-study", reads=reads, resumable=False, continues=_holds_study)
     study = _OpenStudy(out_dir, path, results, config, inputs, files, vocab, eval_texts)
     with folder.claim({"config": results["config"]}), _known_warnings():
         return _cut_vs_grown(study, conllu, task_train, task_eval, temperature, alpha, device)

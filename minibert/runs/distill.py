@@ -16,6 +16,7 @@ from typing import Sequence
 from ..checks import check_max_length, model_limit
 from ..errors import InputError
 from ..inputs import check_index
+from ..outputs import reads_of
 from ..loading import copy_tokenizer
 from ..models import BertModel
 from ..models.heads import BertForSequenceClassification, BertForTokenClassification
@@ -66,7 +67,7 @@ def distill_corpus(run: DistillRun) -> CorpusRun:
     ``run.out`` follows the output-folder rule (``outputs.RunFolder``; ``resume``, ``overwrite``)."""
     run.check()
     student_dropout = 0.0 if run.student_dropout is None else run.student_dropout
-    folder = run_folder(run.out, "distill", reads={"--teacher": run.teacher}, config=run, overwrite=run.overwrite)
+    folder = run_folder(run.out, "distill", reads=reads_of(run), config=run, overwrite=run.overwrite)
     out_dir = folder.path
     texts, eval_texts, split = _corpus_texts(run)
     teacher, tokenizer, sentence, pooling, normalize = _embedding_teacher(run)
@@ -209,7 +210,8 @@ def distill_task(run: DistillRun) -> tuple[History, dict]:
     temperature = 2.0 if run.temperature is None else run.temperature
     alpha = 0.5 if run.alpha is None else run.alpha
     max_length, student_dropout, teacher_source = run.max_length, run.student_dropout, run.teacher
-    folder = run_folder(run.out, "distill", reads={"--teacher": teacher_source}, config=config, overwrite=run.overwrite)
+    folder = run_folder(run.out, "distill", reads={**reads_of(run), "--teacher": teacher_source},
+                        config=config, overwrite=run.overwrite)
     out_dir = folder.path
     cls = BertForSequenceClassification if task == "classify" else BertForTokenClassification
     teacher = cls.from_pretrained(teacher_source).eval()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ..outputs import reads_of
 from ..loading import copy_tokenizer
 from ..models.heads import BertForSequenceClassification
 from ..textfiles import read_json, write_text_atomic
@@ -29,7 +30,7 @@ def train_exits(run: ExitsRun) -> str:
     run.check()
     config = dataclasses.replace(base_of(run, FitConfig), lr=run.learning_rate())
     max_length = run.max_length
-    folder = run_folder(run.out, "exits", reads={"--model": run.model}, config=config, overwrite=run.overwrite)
+    folder = run_folder(run.out, "exits", reads=reads_of(run), config=config, overwrite=run.overwrite)
     out_dir = folder.path
     model = BertForSequenceClassification.from_pretrained(run.model)
     tokenizer = BertTokenizer.from_pretrained(run.model)

@@ -27,6 +27,7 @@ import logging
 from ..checks import check_max_length
 from ..errors import InputError
 from ..hardware import training_device
+from ..outputs import reads_of
 from ..loading import copy_tokenizer, load_model
 from ..models import BertModel
 from ..models.heads import BertForSequenceClassification, BertForTokenClassification
@@ -122,7 +123,7 @@ def _checked(run: FinetuneRun):
         raise InputError(f"layerdrop trains the encoder's blocks to be skipped; the {run.recipe} recipe freezes them")
     if run.task == "tag" and run.recipe == "scalarmix":
         raise InputError("the scalarmix recipe classifies texts; use another recipe for --task tag")
-    folder = run_folder(run.out, "finetune", reads={"--model": run.model}, config=run, overwrite=run.overwrite)
+    folder = run_folder(run.out, "finetune", reads=reads_of(run), config=run, overwrite=run.overwrite)
     base_config = read_config(run.model)
     check_max_length("max_length (--max-length)", run.max_length, base_config.max_position_embeddings)
     module = None  # a task module's options, as add_adapter takes them

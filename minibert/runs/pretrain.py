@@ -1,7 +1,7 @@
 """``minibert pretrain``: from corpus files to a pre-trained BERT in a folder.
 
     a model to start from   --model M (continued pre-training: its weights, its vocabulary; a head it
-                            lacks is made fresh) | --geometry tiny|mini|small|medium|base | --layers N
+                            lacks is made fresh) | --geometry tiny|mini|small|medium|base | --blocks N
                             --hidden H --heads A [--intermediate F] (from scratch, BERT's N(0, 0.02)
                             initialisation, the vocabulary of --vocab FOLDER)
     the text                --corpus FILE... -> a token store in OUT/store (built once, reused);
@@ -47,10 +47,10 @@ def geometry_config(vocab_size: int, *, geometry: str | None = None, layers: int
         if geometry not in GEOMETRIES:
             raise InputError(f"--geometry {geometry!r}: use one of {', '.join(GEOMETRIES)}")
         if layers is not None or hidden is not None:
-            raise InputError("--geometry names the layers and width: leave out --layers / --hidden")
+            raise InputError("--geometry names the layers and width: leave out --blocks / --hidden")
         layers, hidden = GEOMETRIES[geometry]
     if layers is None or hidden is None:
-        raise InputError("from scratch, give --geometry, or --layers and --hidden (and optionally --heads)")
+        raise InputError("from scratch, give --geometry, or --blocks and --hidden (and optionally --heads)")
     heads = heads if heads is not None else max(1, hidden // 64)
     if hidden % heads:
         raise InputError(f"--hidden {hidden} is not divisible by --heads {heads}: each head gets hidden / heads "
@@ -74,21 +74,21 @@ def run_pretraining(run: PretrainRun) -> dict:
     or new unless ``resume`` (the unfinished run there goes on, same settings; a finished one has nothing
     to resume and is returned as it is) or ``overwrite`` (replaced). Every setting and file is checked
     before anything is created. Returns ``pretrain``'s summary."""
-    from ..outputs import RunFolder
+    from ..outputs import RunFolder, reads_of
     from ..tools.surgery import dropout as dropout_at
 
     where, files, eval_files, mix_files, mix_share = _checked(run)  # before any file is created
     config = base_of(run, PretrainConfig)
     rank = ddp.rank()
     folder = RunFolder(run.out, command="pretrain", writer=rank == 0, resume=run.resume, overwrite=run.overwrite,
-                       reads={"--model": run.model, "--teacher": run.teacher, "--vocab": run.vocab})
+                       reads=reads_of(run))
     out_dir = folder.path
     net, tokenizer, teacher = _models(run, config)  # loaded or built: nothing is written yet
     if ddp.is_distributed():
         ddp.init()
     rule = MaskingRule(probability=run.mask, whole_word=run.whole_word)
     source = run.vocab if run.scratch else run.model  # the tokenizer files every checkpoint and snapshot gets
-    shape = net.config  # the geometry as built: --geometry tiny and --layers 2 --hidden 128 are the same run
+    shape = net.config  # the geometry as built: --geometry tiny and --blocks 2 --hidden 128 are the same run
     temperature, alpha = _teacher_weights(run)
     settings = {"corpus": [resolved(f) for f in files], "model": resolved(run.model), "vocab": resolved(run.vocab),
                 "layers": shape.num_hidden_layers, "hidden": shape.hidden_size, "heads": shape.num_attention_heads,

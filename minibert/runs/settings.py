@@ -91,10 +91,13 @@ class FinetuneRun(FitConfig):
     """``minibert finetune``: a task head (and a recipe) trained on labelled files. The loop's settings
     (``FitConfig``) are its own too; ``lr`` and ``epochs`` default to the recipe's."""
 
-    train: str = setting(help=".csv / .tsv / .jsonl (classify, regress) or .conllu / BIO file (tag)", required=True)
-    eval: str = setting(help="held-out data in the same format, evaluated after each epoch", required=True)
-    out: str = setting(help="directory for the best checkpoint, its tokenizer and metrics.json", required=True)
-    model: str = setting(DEFAULT_MODEL, MODEL_HELP.removesuffix(f" (default {DEFAULT_MODEL})"))
+    train: str = setting(help=".csv / .tsv / .jsonl (classify, regress) or .conllu / BIO file (tag)", required=True,
+                         path="read")
+    eval: str = setting(help="held-out data in the same format, evaluated after each epoch", required=True,
+                        path="read")
+    out: str = setting(help="directory for the best checkpoint, its tokenizer and metrics.json", required=True,
+                       path="run")
+    model: str = setting(DEFAULT_MODEL, MODEL_HELP.removesuffix(f" (default {DEFAULT_MODEL})"), path="model")
     task: str = setting("classify", "classify (a label per row), regress (a number per row) or tag (a tag per "
                         "word)", choices=TASKS)
     text_column: str = _text_column()
@@ -153,10 +156,11 @@ class FinetuneRun(FitConfig):
 class ExitsRun(FitConfig):
     """``minibert exits``: early exits on a fine-tuned classifier (frozen, or trained with it)."""
 
-    model: str = setting(help="a classifier written by `minibert finetune`", required=True)
-    train: str = setting(help="labelled training data (.csv / .tsv / .jsonl)", required=True)
-    eval: str = setting(help="held-out data: the accuracy / blocks / time table is measured on it", required=True)
-    out: str = setting(help="directory for the classifier with its exits", required=True)
+    model: str = setting(help="a classifier written by `minibert finetune`", required=True, path="model")
+    train: str = setting(help="labelled training data (.csv / .tsv / .jsonl)", required=True, path="read")
+    eval: str = setting(help="held-out data: the accuracy / blocks / time table is measured on it", required=True,
+                        path="read")
+    out: str = setting(help="directory for the classifier with its exits", required=True, path="run")
     text_column: str = _text_column()
     label_column: str = _label_column()
     joint: bool = setting(False, "train the whole model with the exits (default: frozen model, only the exits learn)")
@@ -190,14 +194,16 @@ class DistillRun(EmbeddingDistillConfig):
     """``minibert distill``: a shallower student of a teacher -- its sentence embeddings on unlabelled texts
     (``texts``: embedding mode), or its predictions on labelled files (``train`` and ``eval``: task mode)."""
 
-    teacher: str = setting(help="the model to imitate (a fine-tuned checkpoint for task mode)", required=True)
-    out: str = setting(help="directory for the student's best checkpoint, tokenizer, metrics.json", required=True)
+    teacher: str = setting(help="the model to imitate (a fine-tuned checkpoint for task mode)", required=True,
+                           path="model")
+    out: str = setting(help="directory for the student's best checkpoint, tokenizer, metrics.json", required=True,
+                       path="run")
     student_blocks: str | list | None = setting(None, "teacher blocks the student starts from, e.g. 0,2,4",
                                          default_text="every other: 0,2,4,...")
     texts: str | list | None = setting(None, "embedding mode: unlabelled texts, one per line (in Python, a list of "
-                                       "texts too)")
+                                       "texts too)", path="read")
     eval_texts: str | list | None = setting(None, "embedding mode: held-out texts for the agreement, at least 21",
-                                            default_text="5 % of --texts, at least 21, at most 1000")
+                                            default_text="5 % of --texts, at least 21, at most 1000", path="read")
     pooling: str | None = setting(None, "embedding mode: sentence vector", choices=POOLINGS, flag="--pool",
                                   default_text="a sentence-transformers teacher's pooling, else mean")
     normalize: bool | None = setting(None, "embedding mode: match unit vectors (default: as a sentence-transformers "
@@ -205,8 +211,8 @@ class DistillRun(EmbeddingDistillConfig):
     augment: int = setting(0, "embedding mode: add N texts made from --texts (crops, pairs, word dropout)")
     freeze_embeddings: bool = setting(False, "embedding mode: the student keeps the teacher's embeddings (a faster "
                                       "step)")
-    train: str | None = setting(None, "task mode: labelled training data (the finetune formats)")
-    eval: str | None = setting(None, "task mode: held-out data, evaluated after each epoch")
+    train: str | None = setting(None, "task mode: labelled training data (the finetune formats)", path="read")
+    eval: str | None = setting(None, "task mode: held-out data, evaluated after each epoch", path="read")
     task: str | None = setting(None, "task mode: what the teacher does", choices=("classify", "tag"),
                                default_text="classify")
     temperature: float | None = setting(None, "task mode: softmax temperature T", low=0.0, strict=True,
@@ -278,16 +284,18 @@ class PretrainRun(PretrainConfig):
 
     corpus: tuple[str, ...] = setting(help="text files (a document per line, or documents separated by blank "
                                       "lines), .jsonl files (a 'text' field) or folders of them", required=True,
-                                      nargs="+")
-    out: str = setting(help="folder for the model, checkpoints/, log.jsonl and the token store", required=True)
-    model: str | None = setting(None, "continue pre-training this checkpoint (its geometry and vocabulary)")
+                                      nargs="+", path="read")
+    out: str = setting(help="folder for the model, checkpoints/, log.jsonl and the token store", required=True,
+                       path="run")
+    model: str | None = setting(None, "continue pre-training this checkpoint (its geometry and vocabulary)",
+                                path="model")
     geometry: str | None = setting(None, "from scratch: a BERT miniature (Turc et al. 2019): 2x128, 4x256, 4x512, "
                                    "8x512, 12x768", choices=tuple(GEOMETRIES))
-    layers: int | None = setting(None, "from scratch: blocks", low=1)
+    layers: int | None = setting(None, "from scratch: blocks", low=1, flag="--blocks")
     hidden: int | None = setting(None, "from scratch: width", low=1)
     heads: int | None = setting(None, "from scratch: attention heads", low=1, default_text="hidden / 64")
     intermediate: int | None = setting(None, "from scratch: FFN width", low=1, default_text="4 x hidden")
-    vocab: str | None = setting(None, "from scratch: a folder with vocab.txt (and tokenizer_config.json)")
+    vocab: str | None = setting(None, "from scratch: a folder with vocab.txt (and tokenizer_config.json)", path="model")
     untied: bool = setting(False, "from scratch: a masked-LM decoder of its own instead of the word embeddings (not "
                            "BERT: an ablation, see the pre-training results page)")
     norm: str = setting("post", "from scratch: where each block's LayerNorm sits -- post (BERT's), pre (pre-LN with a "
@@ -299,8 +307,9 @@ class PretrainRun(PretrainConfig):
     mask: float = setting(0.15, "share of tokens masked", low=0.0, strict=True, below=1.0)
     whole_word: bool = setting(False, "mask whole words (a piece and its ## pieces)")
     nsp: bool = setting(False, "BERT's two-segment examples and the next-sentence head")
-    mix: str | None = setting(None, "FILE:share -- replay general text for that share of the examples")
-    eval_texts: str | None = setting(None, "held-out text: masked-LM loss, perplexity, accuracy every --eval-every")
+    mix: str | None = setting(None, "FILE:share -- replay general text for that share of the examples", path="read")
+    eval_texts: str | None = setting(None, "held-out text: masked-LM loss, perplexity, accuracy every --eval-every",
+                                     path="read")
     resume: bool = setting(False, "continue the unfinished run in --out from its newest checkpoint (same settings; "
                            "it ends bit for bit as the uninterrupted run would have); a finished run has nothing to "
                            "resume, and a longer run is a new one: --model OUT --out NEW")
@@ -310,7 +319,7 @@ class PretrainRun(PretrainConfig):
                                     below=1.0, default_text="the model's, 0.1 from scratch; 0 turns it off")
     teacher: str | object | None = setting(None, "a masked-LM folder to distil from while pre-training (DistilBERT: "
                                            "its soft predictions at the masked tokens, weight --alpha, temperature "
-                                           "--temperature); in Python a BertForMaskedLM too")
+                                           "--temperature); in Python a BertForMaskedLM too", path="model")
     temperature: float | None = setting(None, "with --teacher", low=0.0, strict=True, default_text="2")
     alpha: float | None = setting(None, "with --teacher: the soft term's weight in [0, 1], 1 - alpha the masked-LM "
                                   "loss's", low=0.0, high=1.0, default_text="0.5")
@@ -343,7 +352,7 @@ class PretrainRun(PretrainConfig):
         if not self.scratch and any(v is not None for v in (self.geometry, self.layers, self.hidden, self.heads,
                                                             self.intermediate, self.vocab)):
             raise InputError("--model continues a checkpoint (its geometry and vocabulary): leave out --geometry, "
-                             "--layers, --hidden, --heads, --intermediate and --vocab")
+                             "--blocks, --hidden, --heads, --intermediate and --vocab")
 
 
 # ------------------------------------------------------------------------------------- the depth study
@@ -396,7 +405,7 @@ class DepthStudyConfig:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise InputError(f"seeds={self.seeds!r}: give one or more different seeds")
         for seed in self.seeds:
-            check_seed("seeds (--seeds)", seed)
+            check_seed("--seeds", seed)
         from ..config import NORM_PLACEMENTS
 
         if not self.norms or any(n not in NORM_PLACEMENTS for n in self.norms) or len(set(self.norms)) < len(self.norms):
@@ -415,13 +424,15 @@ class DepthStudyRun(DepthStudyConfig):
     """``minibert depth-study``: pre-train encoders of several depths on one corpus (equal steps and equal
     compute, seeds for the spread), then measure and plot what depth buys."""
 
-    corpus: tuple[str, ...] = setting(help="text files, .jsonl files or folders of them", required=True, nargs="+")
-    vocab: str = setting(help="a folder with vocab.txt (and tokenizer_config.json)", required=True)
-    eval_texts: str = setting(help="held-out text: every model's masked-LM loss on it", required=True)
-    out: str = setting(help="folder for runs/, study.json and the figures", required=True)
-    conllu: str | None = setting(None, "a .conllu file: a linear probe per layer of every model (UPOS)")
-    task_train: str | None = setting(None, "a classification task's training CSV (text,label), e.g. TREC-6")
-    task_eval: str | None = setting(None, "its evaluation CSV")
+    corpus: tuple[str, ...] = setting(help="text files, .jsonl files or folders of them", required=True, nargs="+",
+                                      path="read")
+    vocab: str = setting(help="a folder with vocab.txt (and tokenizer_config.json)", required=True, path="model")
+    eval_texts: str = setting(help="held-out text: every model's masked-LM loss on it", required=True, path="read")
+    out: str = setting(help="folder for runs/, study.json and the figures", required=True, path="run")
+    conllu: str | None = setting(None, "a .conllu file: a linear probe per layer of every model (UPOS)", path="read")
+    task_train: str | None = setting(None, "a classification task's training CSV (text,label), e.g. TREC-6",
+                                     path="read")
+    task_eval: str | None = setting(None, "its evaluation CSV", path="read")
     quick: bool = setting(False, "minutes instead of hours: 1, 2, 4 blocks of width 64 (2 heads, FFN 256), 60 "
                           "steps of 16 x 64 at lr 2e-3, reference depth 2 (the options given change it)")
     device: str | None = setting(None, "where the models pre-train and fine-tune: cpu (default), cuda or cuda:N")

@@ -55,7 +55,7 @@ def test_user_errors_are_input_errors_and_still_value_errors(minilm_dir):
 def test_broken_pipe_ends_quietly(minilm_dir):
     """`minibert encode ... | head`: the reader closes the pipe; no 'Broken pipe' message, no traceback."""
     texts = [f"sentence number {i} about banks and rivers" for i in range(60)]  # ~300 KB of JSON: > a pipe
-    process = subprocess.Popen([sys.executable, "-m", "minibert", "encode", *texts, "--json", "--model",
+    process = subprocess.Popen([sys.executable, "-m", "minibert", "encode", *texts, "--format", "json", "--model",
                                 str(minilm_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     process.stdout.read(100)
     process.stdout.close()

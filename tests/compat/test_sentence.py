@@ -120,7 +120,7 @@ def test_embed_cli_follows_the_folder_and_says_so(minilm_dir, tmp_path, capsys):
     assert r.returncode == 0, r.stderr and "follows" not in r.stderr
     raw = np.load(tmp_path / "w.npy")
     assert np.linalg.norm(raw, axis=1).min() > 2  # raw mean of the last layer, not unit vectors
-    r = run("search", str(path), "money and interest", "-k", "2", "--model", str(minilm_dir), "--json", "--quiet",
+    r = run("search", str(path), "money and interest", "--top-k", "2", "--model", str(minilm_dir), "--format", "json", "--quiet",
             "--index", str(tmp_path / "index.npy"))
     assert r.returncode == 0, r.stderr
     hits = json.loads(r.stdout)["results"][0]["hits"]
@@ -154,7 +154,7 @@ def test_search_index_is_rebuilt_when_what_it_was_made_from_changes(minilm_dir, 
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     def search(*extra):
-        assert main(["search", str(corpus), "dogs", "--model", str(minilm_dir), "--index", str(index), "--json",
+        assert main(["search", str(corpus), "dogs", "--model", str(minilm_dir), "--index", str(index), "--format", "json",
                      "--quiet", "--batch-size", "2", *extra]) == 0
         out = capsys.readouterr()
         return json.loads(out.out)["results"][0]["hits"], out.err

@@ -74,7 +74,7 @@ def test_device_cpu_and_a_dtype_run(tmp_path, minilm_dir, capsys):
     int8 = np.load(tmp_path / "v.npy")
     cosine = (fp32 * int8).sum(1) / np.linalg.norm(fp32, axis=1) / np.linalg.norm(int8, axis=1)
     assert fp32.shape == int8.shape and cosine.min() > 0.98 and not np.array_equal(fp32, int8)
-    r = cli_in_process(capsys, "encode", "hello", "--model", minilm_dir, "--device", "cpu", "--dtype", "bf16", "--json")
+    r = cli_in_process(capsys, "encode", "hello", "--model", minilm_dir, "--device", "cpu", "--dtype", "bf16", "--format", "json")
     assert r.returncode == 0, r.stderr
 
 

@@ -58,7 +58,7 @@ def work(tmp_path_factory):
 
 
 def pretrain_args(work, out, *extra):
-    return ["pretrain", "--corpus", str(work / "corpus.txt"), "--out", str(out), "--layers", "1", "--hidden", "32",
+    return ["pretrain", "--corpus", str(work / "corpus.txt"), "--out", str(out), "--blocks", "1", "--hidden", "32",
             "--heads", "2", "--vocab", str(work / "base"), "--max-length", "16", "--batch-size", "4", "--quiet", *extra]
 
 
@@ -110,7 +110,7 @@ def test_a_run_never_writes_into_a_model_folder_it_reads(work, tmp_path, capsys)
 def test_a_folder_holding_a_run_or_a_model_is_refused_and_left_as_it_was(finished, capsys):
     work = finished
     kept = {name: snapshot(work / name) for name in ("p1", "clf", "adapter")}
-    line = cli_error(capsys, *pretrain_args(work, work / "p1", "--layers", "1", "--steps", "2"))
+    line = cli_error(capsys, *pretrain_args(work, work / "p1", "--blocks", "1", "--steps", "2"))
     assert "holds a `minibert pretrain` run (finished)" in line and "--overwrite" in line and "--resume to" not in line
     line = cli_error(capsys, *pretrain_args(work, work / "clf", "--steps", "2"))
     assert "holds a `minibert finetune` run (finished)" in line
@@ -120,9 +120,9 @@ def test_a_folder_holding_a_run_or_a_model_is_refused_and_left_as_it_was(finishe
     assert "holds a `minibert finetune` run" in line
     line = cli_error(capsys, *finetune_args(work, work / "adapter", "--recipe", "full", "--resume"))
     assert "made with other settings" in line and "recipe='adapter' then, 'full' now" in line
-    copy = work / "model-copy"  # a folder no minibert command wrote: a model, recognised by its files
+    copy = work / "model-copy"  # a folder no minibert command wrote: said as files, never guessed from their names
     shutil.copytree(work / "base", copy)
-    assert "holds a model (config.json" in cli_error(capsys, *finetune_args(work, copy))
+    assert "file(s) no minibert run wrote (config.json" in cli_error(capsys, *finetune_args(work, copy))
     for name, files in kept.items():
         assert snapshot(work / name) == files, name
 
@@ -145,8 +145,25 @@ def test_overwrite_replaces_the_whole_folder_and_refuses_what_minibert_did_not_w
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
     line = cli_error(capsys, *pretrain_args(work, mine, "--steps", "2", "--overwrite"))
-    assert "1 file(s) minibert did not write (thesis.tex)" in line and "empty it yourself" in line
+    assert "1 file(s) no minibert run wrote (thesis.tex)" in line and "nothing is deleted" in line
     assert (mine / "thesis.tex").read_text() == "years of work"
+    # issue 61, row 3: a folder whose names look like a model's or a run's is not minibert's for that
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "thesis.txt").write_text("thesis")
+    for name in ("config.json", "log.jsonl"):
+        (proj / name).write_text("{}")
+    (proj / "checkpoints").mkdir()
+    before = snapshot(proj)
+    line = cli_error(capsys, *finetune_args(work, proj, "--overwrite"))
+    assert "no minibert run wrote" in line and "thesis.txt" in line and "nothing is deleted" in line
+    assert "a model" not in cli_error(capsys, *finetune_args(work, proj))
+    assert snapshot(proj) == before and (proj / "checkpoints").is_dir()
+    # a run minibert wrote, with a file of the user's put in it afterwards: that file stops --overwrite
+    (module / "notes.txt").write_text("mine")
+    kept = snapshot(module)
+    line = cli_error(capsys, *finetune_args(work, module, "--overwrite"))
+    assert "1 file(s) its record does not account for (notes.txt)" in line and snapshot(module) == kept
     assert "--resume and --overwrite exclude each other" in cli_error(
         capsys, *pretrain_args(work, out, "--steps", "2", "--overwrite", "--resume"))
 
@@ -463,7 +480,7 @@ def test_arguments_and_files_are_checked_before_anything_is_created(work, tmp_pa
     assert "must be an int in [5, " in cli_error(capsys, *pretrain_args(work, out, "--steps", "2", "--nsp",
                                                                          "--max-length", "4"))
     missing = cli_error(capsys, "pretrain", "--corpus", work / "corpus.txt", tmp_path / "second.txt", "--out", out,
-                        "--layers", "1", "--hidden", "32", "--vocab", work / "base", "--steps", "2")
+                        "--blocks", "1", "--hidden", "32", "--vocab", work / "base", "--steps", "2")
     assert "corpus file" in missing and "second.txt' not found" in missing
     assert "--temperature and --alpha go with --teacher" in cli_error(
         capsys, *pretrain_args(work, out, "--steps", "2", "--alpha", "0.3"))
@@ -487,7 +504,7 @@ def test_the_output_rule_unit(tmp_path, monkeypatch):
     check_not_reading(tmp_path / "elsewhere", {"--model": model / "model.safetensors", "--teacher": "bert-base-uncased"})
     with pytest.raises(InputError, match="sits inside the model folder --model reads"):
         check_not_reading(model / "sub" / "x.npy", {"--model": model / "model.safetensors"})
-    assert describe(model) == ("a model (config.json, model.safetensors)", True)
+    assert describe(model) == ("2 file(s) no minibert run wrote (config.json, model.safetensors)", False)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match="is the working directory, an ancestor of it"):
         RunFolder(tmp_path, command="pretrain", overwrite=True)

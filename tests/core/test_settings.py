@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT, usage_error
 from minibert import InputError, settings
+from minibert.cli import settings as commands
 from minibert.runs.settings import RECIPES, DepthStudyRun, DistillRun, ExitsRun, FinetuneRun, PretrainRun
 from minibert.settings import setting
 from minibert.training.settings import FitConfig
@@ -23,6 +24,12 @@ RUNS = {"finetune": (FinetuneRun, "minibert.runs.finetune", "finetune"),
         "exits": (ExitsRun, "minibert.runs.exits", "train_exits"),
         "distill": (DistillRun, "minibert.runs.distill", "distill_corpus"),
         "depth-study": (DepthStudyRun, "minibert.runs.depth_study", "study")}
+#: the commands that do not train, each declared by a dataclass of ``minibert/cli/settings.py``
+INFERENCE = {"encode": commands.EncodeCommand, "embed": commands.EmbedCommand, "search": commands.SearchCommand,
+             "layers": commands.LayersCommand, "probe": commands.ProbeCommand,
+             "probe-over-time": commands.ProbeOverTimeCommand, "map": commands.MapCommand,
+             "fill": commands.FillCommand, "parity": commands.ParityCommand, "inspect": commands.InspectCommand,
+             "predict": commands.PredictCommand}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -42,12 +49,12 @@ def test_check_names_the_field_its_flag_and_the_limit():
     run = Example(path=Path("/tmp/x"), rate=1, names=["y"])
     settings.check(run)
     assert run.path == "/tmp/x" and isinstance(run.rate, float) and run.names == ("y",)  # normalised
-    for bad, words in [({"count": 0}, r"count \(--count\)=0 is out of range: it must be in \[1, 10\]"),
-                       ({"count": True}, r"count \(--count\)=True must be an int"),
-                       ({"rate": 0.0}, r"rate \(--rate\)=0.0 is out of range: it must be > 0"),
+    for bad, words in [({"count": 0}, r"--count=0 is out of range: it must be in \[1, 10\]"),
+                       ({"count": True}, r"--count=True must be an int"),
+                       ({"rate": 0.0}, r"--rate=0.0 is out of range: it must be > 0"),
                        ({"share": 1.0}, r"it must be in \[0, 1\)"),
-                       ({"kind": "c"}, r"kind \(--kind\)='c': use one of a, b"),
-                       ({"path": 3}, r"path \(--path\)=3 must be a string")]:
+                       ({"kind": "c"}, r"--kind='c': use one of a, b"),
+                       ({"path": 3}, r"--path=3 must be a string")]:
         with pytest.raises(InputError, match=words):
             settings.check(Example(**{"path": "p", **bad}))
 
@@ -65,24 +72,33 @@ def test_the_parser_comes_from_the_dataclass():
                         (["--rate", "0"], "must be > 0, got 0"), (["--share", "1"], "must be in [0, 1), got 1")]:
         with pytest.raises(SystemExit):
             parser.parse_args(["--path", "p", *argv])
-        # the same words as the shared options of every other command
-    from minibert.cli.common import fraction, positive_int
-
+        # the same words as every other command's options (one rule: ``settings.number_type``)
     with pytest.raises(argparse.ArgumentTypeError, match=r"must be >= 1, got 0"):
-        positive_int("0")
+        settings.number_type(int, low=1)("0")
     with pytest.raises(argparse.ArgumentTypeError, match=r"must be in \[0, 1\), got 1.5"):
-        fraction("1.5")
+        settings.number_type(float, low=0, below=1)("1.5")
+    for text in ("nan", "inf", "-inf"):  # never a number a float option takes, unless said (finite=False)
+        with pytest.raises(argparse.ArgumentTypeError, match="must be a finite number"):
+            settings.number_type(float, low=0)(text)
+    assert settings.number_type(float, finite=False)("inf") == float("inf")
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(InputError, match="--rate=.* must be a finite number"):
+            settings.check(Example(path="p", rate=value))
 
 
-@pytest.mark.parametrize("command", sorted(RUNS))
-def test_cli_docs_and_python_api_are_one_declaration(command):
-    """The command's options are exactly the dataclass's command-line fields (flags, defaults, choices), the
-    CLI reference page lists each, and the library function takes the dataclass."""
-    import importlib
-
+def test_every_command_is_declared_by_a_dataclass():
     from minibert.cli import build_parser
 
-    cls, module, function = RUNS[command]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(RUNS) | set(INFERENCE)
+    assert len(sub.choices) == 16
+
+
+def _declared_as_documented(command, cls):
+    """The command's options are exactly the dataclass's command-line fields (flags, defaults, choices,
+    positions), and the CLI reference page lists each."""
+    from minibert.cli import build_parser
+
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     options = {a.dest: a for a in sub._actions if a.dest != "help"}
     fields = {f.name: (f, about) for f, about, _ in settings.described(cls) if about.cli}
@@ -91,11 +107,26 @@ def test_cli_docs_and_python_api_are_one_declaration(command):
     section = reference.split(f"## minibert {command}\n")[1].split("\n## ")[0]
     for name, (field, about) in fields.items():
         action = options[name]
-        assert action.option_strings == [settings.flag_of(field, about)]
+        expected = [] if about.positional else [*([about.short] if about.short else []), settings.flag_of(field, about)]
+        assert action.option_strings == expected, name
         if field.default is not dataclasses.MISSING and not isinstance(field.default, bool):
             assert action.default == field.default, name
         assert (tuple(action.choices) if action.choices else None) == about.choices, name
         assert f"`{settings.flag_of(field, about)}" in section, name
+
+
+@pytest.mark.parametrize("command", sorted(INFERENCE))
+def test_the_inference_commands_are_declared_once(command):
+    _declared_as_documented(command, INFERENCE[command])
+
+
+@pytest.mark.parametrize("command", sorted(RUNS))
+def test_cli_docs_and_python_api_are_one_declaration(command):
+    """As above, and the library function takes the dataclass."""
+    import importlib
+
+    cls, module, function = RUNS[command]
+    _declared_as_documented(command, cls)
     signature = inspect.signature(getattr(importlib.import_module(module), function))
     assert list(signature.parameters)[0] == "run" and signature.parameters["run"].annotation in (cls, cls.__name__)
 
@@ -151,8 +182,8 @@ def test_a_tuple_settings_bounds_hold_for_each_item():
     """--seeds / --depths: each item is held to the setting's bounds, by argparse and by the check alike."""
     from minibert.runs.settings import DepthStudyConfig
 
-    with pytest.raises(InputError, match=r"^seeds \(--seeds\)=\(0, -1\): every value must be >= 0$"):
+    with pytest.raises(InputError, match=r"^--seeds=\(0, -1\): every value must be >= 0$"):
         DepthStudyConfig(seeds=(0, -1)).check()
-    with pytest.raises(InputError, match=r"^depths \(--depths\)=\(2, 0\): every value must be >= 1$"):
+    with pytest.raises(InputError, match=r"^--depths=\(2, 0\): every value must be >= 1$"):
         DepthStudyConfig(depths=(2, 0)).check()
     DepthStudyConfig(depths=[1, 3], seeds=[4]).check()  # lists are taken, as tuples

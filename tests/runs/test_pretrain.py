@@ -27,7 +27,7 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
     assert main(["fill", "The bank raised its [MASK] rates.", "--model", str(tmp_path / "run"), "--top-k", "3"]) == 0
     filled = capsys.readouterr().out
     assert "[MASK] #1:" in filled and filled.count(",") >= 2  # the top 3 candidates from the new head
-    student = ["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "student"), "--layers", "1",
+    student = ["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "student"), "--blocks", "1",
                "--hidden", "128", "--heads", "2", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "3",
                "--batch-size", "8", "--teacher", str(tmp_path / "run"), "--alpha", "0.7", "--quiet"]
     assert main(student) == 0 and "pre-trained 3 steps" in capsys.readouterr().out  # distilled from the tiny run
@@ -38,7 +38,7 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
                                                                 *student[5:-3], "--alpha", "1.5", "--quiet")
     assert not (tmp_path / "s2").exists()  # refused before any work
     base = ["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "bad"), "--steps", "2", "--quiet"]
-    for extra, message in ((["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", str(minilm_dir)],
+    for extra, message in ((["--blocks", "2", "--hidden", "100", "--heads", "3", "--vocab", str(minilm_dir)],
                             "--hidden 100 is not divisible by --heads 3"),
                            (["--geometry", "tiny"], "give --vocab FOLDER"),
                            (["--model", str(minilm_dir), "--geometry", "tiny"], "leave out --geometry"),
@@ -55,7 +55,7 @@ def test_cli_pretrains_from_scratch_and_fill_reads_the_result(corpus, minilm_dir
                                                           "--device", "cuda")
     assert not (tmp_path / "bad").exists()  # each refused before any work
     line = cli_error(capsys, "pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(tmp_path / "run"),
-                     "--layers", "2", "--hidden", "64", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "6",
+                     "--blocks", "2", "--hidden", "64", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "6",
                      "--batch-size", "8", "--save-every", "3", "--resume", "--quiet")
     assert "--resume:" in line and "hidden=128 then, 64 now" in line  # the setting named; nothing trained or mixed
 
@@ -69,7 +69,7 @@ def test_continuing_an_untied_run_keeps_and_trains_its_own_decoder(corpus, minil
 
     common = ["--corpus", str(corpus / "train.txt"), "--max-length", "24", "--steps", "3", "--batch-size", "4",
               "--lr", "2e-3", "--quiet"]
-    assert main(["pretrain", *common, "--out", str(tmp_path / "first"), "--layers", "1", "--hidden", "32", "--heads",
+    assert main(["pretrain", *common, "--out", str(tmp_path / "first"), "--blocks", "1", "--hidden", "32", "--heads",
                  "2", "--intermediate", "64", "--vocab", str(minilm_dir), "--untied"]) == 0
     assert main(["pretrain", *common, "--out", str(tmp_path / "more"), "--model", str(tmp_path / "first"),
                  "--seed", "1"]) == 0
@@ -96,7 +96,7 @@ def test_snapshots_at_log_spaced_steps_and_probing_across_time(corpus, minilm_di
     assert snapshot_steps(1000, 4) == [0, 1, 10, 100, 1000] and snapshot_steps(3, 8) == [0, 1, 2, 3]
     assert snapshot_steps(16, 4) == [0, 1, 3, 6, 16] and snapshot_steps(16, 0) == [] and snapshot_steps(7, 1) == [0, 7]
     run = tmp_path / "run"
-    assert main(["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(run), "--layers", "2", "--hidden", "64",
+    assert main(["pretrain", "--corpus", str(corpus / "train.txt"), "--out", str(run), "--blocks", "2", "--hidden", "64",
                  "--heads", "4", "--vocab", str(minilm_dir), "--max-length", "32", "--steps", "16", "--batch-size", "8",
                  "--lr", "2e-3", "--snapshots", "4", "--quiet"]) == 0
     found = snapshots(run)
@@ -131,7 +131,7 @@ def test_pretraining_and_finetuning_on_cuda(corpus, minilm_dir, tmp_path):
     from minibert.cli import main
     from minibert.models.heads import BertForSequenceClassification
 
-    common = ["pretrain", "--corpus", str(corpus / "train.txt"), "--vocab", str(minilm_dir), "--layers", "2",
+    common = ["pretrain", "--corpus", str(corpus / "train.txt"), "--vocab", str(minilm_dir), "--blocks", "2",
               "--hidden", "64", "--heads", "2", "--max-length", "32", "--steps", "8", "--batch-size", "8",
               "--log-every", "2", "--dropout", "0", "--quiet"]
     for name, extra in (("cpu", ["--device", "cpu"]), ("cuda", ["--device", "cuda"]),

@@ -69,7 +69,7 @@ COLOURS = "red green blue yellow black white orange purple brown pink".split()  
 
 def _pretrain(folder, minilm_dir, out, *extra):
     return subprocess.run([sys.executable, "-m", "minibert", "pretrain", "--corpus", str(folder / "train.txt"),
-                           "--eval-texts", str(folder / "held.txt"), "--vocab", str(minilm_dir), "--layers", "1",
+                           "--eval-texts", str(folder / "held.txt"), "--vocab", str(minilm_dir), "--blocks", "1",
                            "--hidden", "64", "--heads", "2", "--max-length", "24", "--batch-size", "16",
                            "--dropout", "0", "--steps", "60", "--eval-every", "30", "--plateau-step", "30",
                            "--out", str(out), "--quiet", *extra], capture_output=True, text=True, timeout=300)

@@ -101,7 +101,7 @@ def test_torchrun_two_processes_equal_one(corpus, minilm_dir, tmp_path):
     weights one process trains, within 1e-5 after 4 steps (dropout off)."""
     from safetensors.torch import load_file
 
-    common = ["pretrain", "--corpus", str(corpus / "train.txt"), "--layers", "2", "--hidden", "32", "--heads", "4",
+    common = ["pretrain", "--corpus", str(corpus / "train.txt"), "--blocks", "2", "--hidden", "32", "--heads", "4",
               "--vocab", str(minilm_dir), "--max-length", "24", "--steps", "4", "--batch-size", "8", "--lr", "2e-3",
               "--dropout", "0", "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
