@@ -293,10 +293,11 @@ def _misfits(config: BertConfig, by_name: dict, expected: list) -> list[str]:
     return problems
 
 
-def check_finite(state: dict[str, torch.Tensor], names: dict[str, str], where: str) -> None:
+def check_finite(state: dict[str, torch.Tensor], names: dict[str, str], where: str, saving: bool = False) -> None:
     """Every weight a finite number: NaN or Inf anywhere would make every output NaN, silently. One pass
     over the (mapped) weights: a sum per tensor (NaN and Inf propagate into it; the rare finite tensor
-    whose sum overflows is then checked value by value); the error names the tensors and how many values."""
+    whose sum overflows is then checked value by value); the error names the tensors and how many values.
+    ``saving``: the weights are about to be written (every checkpoint is checked so; nothing is written)."""
     bad = []
     for ours, tensor in state.items():
         if torch.isfinite(tensor.sum(dtype=torch.float32 if tensor.dtype != torch.float64 else None)):
@@ -305,8 +306,10 @@ def check_finite(state: dict[str, torch.Tensor], names: dict[str, str], where: s
         if not bool(finite.all()):
             bad.append(f"{names.get(ours, ours)} ({int(finite.numel() - finite.sum()):,} of {finite.numel():,} values)")
     if bad:
+        end = ("Nothing was written: the model diverged (a learning rate too high, too short a warmup, fp16 "
+               "overflow)" if saving else "The checkpoint is damaged (or was saved from a diverged run)")
         raise CheckpointError(f"{where}: {len(bad)} tensor(s) hold NaN or Inf, which would make every output NaN: "
-                              f"{_shorten(bad)}. The checkpoint is damaged (or was saved from a diverged run)")
+                              f"{_shorten(bad)}. {end}")
 
 
 def _shorten(names: list[str], limit: int = 12) -> str:
@@ -469,6 +472,7 @@ def save_model(model, directory) -> None:
         assert tuple(tensor.shape) == shape, (ours, tuple(tensor.shape), shape)
         state[theirs] = tensor.detach().to("cpu").contiguous()
     assert not params, f"parameters with no checkpoint name: {sorted(params)}"
+    check_finite(state, {}, f"{directory}: not saved", saving=True)  # finite or nothing, every checkpoint
     if mlm and not encoder.config.tie_word_embeddings:  # untied, transformers (5) scores with the decoder's own
         state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()  # bias: the one bias, twice
     architecture = type(model).__name__ if task else ("BertForMaskedLM" if mlm else "BertModel")

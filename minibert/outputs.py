@@ -219,7 +219,10 @@ def check_paths(run) -> list[Path]:
         kind = (run.path_kind(field.name) if hasattr(run, "path_kind") else None) or about.path
         flag = flag_of(field, about)
         if kind == "run":
-            check_not_reading(output_dir(value, flag), reads, flag)
+            folder = output_dir(value, flag)
+            check_not_reading(folder, reads, flag)
+            if overwrite and contents(folder):  # what --overwrite would delete: all of it minibert's, or nothing
+                check_replaceable(folder, flag, str(value))
             continue
         path = output_file(value, about.suffix or "", flag, about.formats)
         for each in [path, *(path.with_name(path.name[:-len(path.suffix)] + c) for c in about.companions)]:
@@ -230,6 +233,41 @@ def check_paths(run) -> list[Path]:
                                  "output a file of its own")
             written[real] = flag
     return list(written)
+
+
+#: the files of a model folder that make the model (what a run's fingerprint of it covers)
+MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "*.safetensors")
+
+
+def fingerprint_reads(reads: Mapping[str, object]) -> dict[str, dict]:
+    """{resolved file: {"size", "sha256"}} of every file ``reads`` names on disk: a data file, the files of a
+    data folder, a model's own files (``MODEL_FILES`` of its folder). A resumed run compares them
+    (``changed_reads``): a run that goes on over other data would silently be another run."""
+    found: dict[str, dict] = {}
+    for _, kind, path in protected(reads):
+        if kind == "model":
+            files = [f for pattern in MODEL_FILES for f in sorted(path.glob(pattern)) if f.is_file()]
+        elif path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.is_file())
+        else:
+            files = [path]
+        for f in files:
+            if str(f) not in found:
+                found[str(f)] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+    return found
+
+
+def changed_reads(saved: Mapping[str, dict], now: Mapping[str, dict]) -> list[str]:
+    """The files whose fingerprint differs from the one a run recorded (gone, added, or changed)."""
+    out = []
+    for name in sorted(set(saved) | set(now)):
+        if name not in now:
+            out.append(f"{name} is gone")
+        elif name not in saved:
+            out.append(f"{name} was not read then")
+        elif saved[name] != now[name]:
+            out.append(f"{name} changed (size {saved[name].get('size')} -> {now[name]['size']} bytes, sha256 differs)")
+    return out
 
 
 def read_record(folder) -> dict | None:
@@ -279,6 +317,14 @@ def unaccounted(folder) -> list[str]:
         elif sub not in own:
             own[sub] = [f"{sub.as_posix()}/{r}" for r in unaccounted(folder / sub)]
     return sorted(out + [r for rs in own.values() for r in rs])
+
+
+def check_replaceable(folder, what: str, shown: str) -> None:
+    """Refuse ``--overwrite`` of a folder holding a file no minibert record accounts for (``unaccounted``)."""
+    held, ours = describe(folder)
+    if not ours:
+        raise InputError(f"--overwrite replaces only what minibert wrote, and {what} {shown!r} holds {held}: nothing "
+                         "is deleted. Move those files out (or empty the folder yourself), or choose another folder")
 
 
 def describe(folder) -> tuple[str, bool]:
@@ -461,7 +507,8 @@ class RunFolder:
             raise InputError(f"`{command}` has no --resume")
         self.shown, self.what, self.command = str(path), what, command
         self.path = output_dir(path, what)
-        check_not_reading(self.path, reads or {}, what)
+        self.reads = dict(reads or {})
+        check_not_reading(self.path, self.reads, what)
         self.real = self.path.resolve()
         self.resume, self.overwrite, self.resumable = resume, overwrite, resumable
         self.continues, self.writer = continues, writer
@@ -510,9 +557,7 @@ class RunFolder:
             raise InputError(f"--overwrite will not replace {self.shown!r}: it is the working directory, an ancestor "
                              "of it, the home folder or a repository; choose a folder of its own")
         if not ours:
-            raise InputError(f"--overwrite replaces only what minibert wrote, and {self.what} {self.shown!r} holds "
-                             f"{held}: nothing is deleted. Move those files out (or empty the folder yourself), or "
-                             "choose another folder")
+            check_replaceable(self.real, self.what, self.shown)
 
     # taking the folder for the run -------------------------------------------------------------------
     @contextmanager
@@ -552,9 +597,16 @@ class RunFolder:
                     raise InputError(f"--resume: {self.what} {self.shown!r} holds a `minibert {self.command}` run made "
                                      f"with other settings ({'; '.join(differs)}): give the same settings, pass "
                                      "--overwrite to replace it, or choose another folder")
+            if self.state == "resume" and self.record is not None and "inputs" in self.record:
+                changed = changed_reads(self.record["inputs"], fingerprint_reads(self.reads))
+                if changed:
+                    raise InputError(f"--resume: what {self.what} {self.shown!r}'s run read has changed since it "
+                                     f"started ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''}): "
+                                     "going on would make another run than the one recorded. Restore the file, or "
+                                     "start again with --overwrite")
             if self.state in ("new", "overwrite") or self.record is None:
                 self.record = {"command": self.command, "settings": settings, "status": "running",
-                               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "inputs": fingerprint_reads(self.reads)}
             elif self.record.get("status") != "finished":  # resumed or continued: the same run goes on
                 self.record["resumed"] = time.strftime("%Y-%m-%d %H:%M:%S")
             finished_before = self.record.get("status") == "finished"

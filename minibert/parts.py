@@ -36,6 +36,9 @@ def write_part(folder, name: str, record: dict, tensors: dict) -> None:
     the record also sealed into the weights file's metadata."""
     from safetensors.torch import save_file
 
+    from .loading import check_finite
+
+    check_finite(dict(tensors), {}, f"{folder}: {name} not saved", saving=True)  # finite or nothing
     config_file, weights_file = files(name)
     (Path(folder) / config_file).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(Path(folder) / weights_file),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from ..checks import check_seed
 from ..errors import InputError
 from ..settings import base_of, check, setting
-from ..training.settings import POOLINGS, EmbeddingDistillConfig, FitConfig, PretrainConfig
+from ..training.settings import LR_BOUNDS, POOLINGS, EmbeddingDistillConfig, FitConfig, PretrainConfig
 
 DEFAULT_MODEL = "bert-base-uncased"
 MODEL_HELP = f"checkpoint directory, .safetensors file or hub id (default {DEFAULT_MODEL})"
@@ -109,7 +109,7 @@ class FinetuneRun(FitConfig):
                           "`minibert predict` takes it)", choices=tuple(RECIPES))
     epochs: int | None = setting(None, "passes over the training file", low=1, default_text="the recipe's: 3")
     lr: float | None = setting(None, "peak learning rate (warmup over the first 10 % of the steps, then linear "
-                               "decay)", low=0.0, strict=True,
+                               "decay)", **LR_BOUNDS,
                                default_text="the recipe's: " + ", ".join(f"{n} {r.lr:g}" for n, r in RECIPES.items()))
     batch_size: int = setting(16, "texts per batch", low=1)
     max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included; at most the "
@@ -165,7 +165,7 @@ class ExitsRun(FitConfig):
     label_column: str = _label_column()
     joint: bool = setting(False, "train the whole model with the exits (default: frozen model, only the exits learn)")
     epochs: int = setting(2, "passes over the training file", low=1)
-    lr: float | None = setting(None, "learning rate", low=0.0, strict=True,
+    lr: float | None = setting(None, "learning rate", **LR_BOUNDS,
                                default_text="1e-3: only the exits train; --joint 5e-5")
     batch_size: int = setting(16, "texts per batch", low=1)
     max_length: int = setting(128, "truncate texts to this many tokens, [CLS] and [SEP] included", low=3)
@@ -227,7 +227,7 @@ class DistillRun(EmbeddingDistillConfig):
     text_pair_column: str | None = _text_pair_column()
     label_column: str = _label_column()
     tag_column: str = _tag_column()
-    lr: float | None = setting(None, "learning rate", low=0.0, strict=True,
+    lr: float | None = setting(None, "learning rate", **LR_BOUNDS,
                                default_text="5e-4 embeddings, 5e-5 task")
     overwrite: bool = _overwrite()
     progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
@@ -375,7 +375,7 @@ class DepthStudyConfig:
                                      "integers >= 0", low=0)
     batch_size: int = setting(32, "examples a step", low=1)
     max_length: int = setting(128, "tokens an example, [CLS] and [SEP] included", low=3)
-    lr: float = setting(1e-3, "peak learning rate", low=0.0, strict=True)
+    lr: float = setting(1e-3, "peak learning rate", **LR_BOUNDS)
     warmups: tuple[float, ...] = setting((0.06,), "shares of the steps spent warming up, e.g. 0,0.01,0.06,0.2 (each a "
                                          "run of every depth and seed)", low=0.0, high=1.0)
     norms: tuple[str, ...] = setting(("post",), "norm placements, e.g. post,pre,deepnorm (each a run of every depth "
@@ -389,7 +389,7 @@ class DepthStudyConfig:
     probe_sentences: int | None = setting(None, "the first N CoNLL-U sentences are probed (None: all)", low=1,
                                           cli=False)
     task_epochs: int = setting(2, "fine-tuning epochs of the downstream task", low=1, cli=False)
-    task_lr: float = setting(1e-4, "the downstream task's learning rate", low=0.0, strict=True, cli=False)
+    task_lr: float = setting(1e-4, "the downstream task's learning rate", **LR_BOUNDS, cli=False)
 
     def check(self) -> None:
         """Every field (``settings.check``), and what goes together."""

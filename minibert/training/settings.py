@@ -11,6 +11,13 @@ from ..checks import SEED_LIMIT
 from ..errors import InputError
 from ..settings import check, setting
 
+#: the largest learning rate a setting takes: AdamW moves every weight by about the rate each step, so a run
+#: diverges well below it, but up to it the loop's finiteness check says so (step N, the loss, the rate);
+#: above it the optimiser's float32 arithmetic itself overflows (1e38 did) before any check can speak
+LR_LIMIT = 1e6
+#: a learning rate's bounds, the same in every setting that has one: finite, > 0, at most LR_LIMIT
+LR_BOUNDS = dict(low=0.0, strict=True, high=LR_LIMIT)
+
 RESUME_HELP = ("continue the unfinished run in --out (same settings; it ends as the uninterrupted run would have); "
                "a finished run has nothing to resume")
 
@@ -21,7 +28,7 @@ class FitConfig:
     gradient accumulation, mixed precision, seeding, resuming."""
 
     epochs: int = setting(3, "passes over the training data", low=1)
-    lr: float = setting(5e-5, "peak learning rate (warmup, then linear decay to 0)", low=0.0, strict=True)
+    lr: float = setting(5e-5, "peak learning rate (warmup, then linear decay to 0)", **LR_BOUNDS)
     weight_decay: float = setting(0.01, "AdamW's weight decay, on weights only (not biases or LayerNorms)",
                                   low=0.0, cli=False)
     layer_decay: float | None = setting(None, "layer-wise learning-rate decay: each block's rate times this per "
@@ -56,7 +63,7 @@ class EmbeddingDistillConfig(FitConfig):
     """How ``distill.distill_embeddings`` trains a student to give its teacher's sentence vectors: the loop's
     settings, the loss (the vectors compared, and the weights of the optional terms) and the batches."""
 
-    lr: float = setting(5e-4, "peak learning rate (warmup, then linear decay to 0)", low=0.0, strict=True)
+    lr: float = setting(5e-4, "peak learning rate (warmup, then linear decay to 0)", **LR_BOUNDS)
     pooling: str = setting("mean", "embedding mode: sentence vector", choices=POOLINGS, flag="--pool")
     normalize: bool = setting(False, "embedding mode: match unit vectors")
     similarity_weight: float = setting(0.0, "embedding mode: weight of the MSE between in-batch cosine similarities",
@@ -95,7 +102,7 @@ class PretrainConfig:
                                  "accumulate x max length))", low=1)
     batch_size: int = setting(32, "examples a micro-batch (the whole job's, under torchrun)", low=1)
     accumulate: int = setting(1, "micro-batches a step", low=1)
-    lr: float = setting(5e-4, "peak learning rate", low=0.0, strict=True)
+    lr: float = setting(5e-4, "peak learning rate", **LR_BOUNDS)
     warmup: float = setting(0.06, "share of the steps spent warming up", low=0.0, below=1.0)
     schedule: str = setting("linear", "decay after warmup, to 0", choices=SCHEDULES)
     weight_decay: float = setting(0.01, "AdamW's weight decay, on weights only", low=0.0, cli=False)

@@ -250,10 +250,10 @@ def test_a_run_whose_loss_is_nan_stops_and_saves_nothing_non_finite(work, tmp_pa
     from safetensors.torch import load_file
 
     out = tmp_path / "nan"
-    line = cli_error(capsys, *pretrain_args(work, out, "--steps", "20", "--save-every", "1", "--lr", "1e9",
+    line = cli_error(capsys, *pretrain_args(work, out, "--steps", "20", "--save-every", "1", "--lr", "1e6",
                                             "--warmup", "0"))
     assert line.startswith("minibert: error: step ") and "is stopped before this step is taken" in line
-    assert "learning rate too high for this model (now 1e+09)" in line
+    assert "learning rate too high for this model (now 1e+06)" in line
     assert not (out / "model.safetensors").exists()  # no NaN model
     kept = sorted((out / "checkpoints").iterdir()) if (out / "checkpoints").exists() else []
     assert kept and f"the last good checkpoint is {kept[-1]}" in line
@@ -519,3 +519,56 @@ def test_the_output_rule_unit(tmp_path, monkeypatch):
         (tmp_path / "new" / "out.txt").write_text("x")
     assert not (tmp_path / "new" / LOCK_FILE).exists()
     assert json.loads((tmp_path / "new" / ".minibert-run.json").read_text())["status"] == "finished"
+
+
+# ------------------------------------------------------------------------------ issue 61: items 3 and 4
+def test_resume_refuses_a_changed_input_naming_the_file(tmp_path):
+    from minibert.outputs import Read, RunFolder
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one line\n", encoding="utf-8")
+    reads = {"--corpus": Read("read", (str(corpus),))}
+    with pytest.raises(KeyboardInterrupt):
+        with RunFolder(tmp_path / "run", command="pretrain", reads=reads).claim({"a": 1}) as run:
+            (run.real / "step.txt").write_text("1")
+            raise KeyboardInterrupt
+    record = json.loads((tmp_path / "run" / ".minibert-run.json").read_text())
+    assert record["status"] == "interrupted" and str(corpus.resolve()) in record["inputs"]
+    with RunFolder(tmp_path / "run", command="pretrain", reads=reads, resume=True).claim({"a": 1}) as run:
+        assert run.state == "resume"  # unchanged: it goes on
+    record["status"] = "interrupted"  # again unfinished, then the corpus edited by one line
+    (tmp_path / "run" / ".minibert-run.json").write_text(json.dumps(record))
+    corpus.write_text("one line, edited\n", encoding="utf-8")
+    kept = snapshot(tmp_path / "run")
+    with pytest.raises(InputError, match=r"--resume: .*has changed since it started \(.*corpus.txt changed \(size 9 -> "
+                                         r"17 bytes"):
+        with RunFolder(tmp_path / "run", command="pretrain", reads=reads, resume=True).claim({"a": 1}):
+            pass
+    assert snapshot(tmp_path / "run") == kept
+
+
+@pytest.mark.parametrize("lr", ["inf", "nan", "1e38", "-1", "0"])
+def test_a_learning_rate_must_be_finite_positive_and_bounded(work, tmp_path, capsys, lr):
+    for argv in (pretrain_args(work, tmp_path / "p", "--steps", "2", "--lr", lr),
+                 finetune_args(work, tmp_path / "f", "--lr", lr)):
+        line = usage_error(capsys, *argv)
+        assert "--lr" in line and ("finite" in line or "in (0, 1e+06]" in line or "(0, 1000000]" in line), line
+    assert not (tmp_path / "p").exists() and not (tmp_path / "f").exists()
+    from minibert.runs.settings import FinetuneRun
+
+    with pytest.raises(InputError, match="--lr"):
+        FinetuneRun(train="t", eval="e", out="o", lr=float(lr)).check()
+
+
+def test_a_checkpoint_holding_nan_is_never_written(work, tmp_path):
+    from minibert import BertModel, CheckpointError
+
+    model = BertModel.from_pretrained(work / "base")
+    model.save_pretrained(tmp_path / "good")
+    kept = snapshot(tmp_path / "good")
+    with torch.no_grad():
+        model.embeddings.word.weight[3, 0] = float("nan")
+    for where in (tmp_path / "good", tmp_path / "new"):
+        with pytest.raises(CheckpointError, match="not saved: 1 tensor.*1 of .* values.*Nothing was written"):
+            model.save_pretrained(where)
+    assert snapshot(tmp_path / "good") == kept and not (tmp_path / "new").exists()
