@@ -1,14 +1,16 @@
-"""The ``minibert`` command line: one module per group of commands, each command's options beside its handler.
+"""The ``minibert`` command line: one module per group of commands; each command's options are declared by a
+settings dataclass (``cli/settings.py`` for the commands that do not train, ``runs/settings.py`` for those
+that do), from which its parser, checks, reference page and path rule come.
 
-    minibert encode "some text" ["another text" ...] [--model M] [--layer -1] [--pool cls|mean] [--json]
+    minibert encode "some text" ["another text" ...] [--model M] [--layer -1] [--pool cls|mean|max] [--format json]
     minibert embed texts.txt --layers -4: --pool mean --out vectors.npy
-    minibert search corpus.txt "a query" [-k 5] [--index idx.npy]
+    minibert search corpus.txt "a query" [--top-k 5] [--index idx.npy]
     minibert layers "some text" [--model M] [--plot out.png]
     minibert probe data.conllu [--model M] [--column upos] [--plot out.png]
     minibert map data.conllu|data.csv|texts.txt --model M --out map.png [--layers all] [--method pca|tsne|umap]
     minibert fill "The capital of France is [MASK]." [--model M] [--top-k 5] [--lens] [--plot lens.png]
     minibert parity --model M [--against B] [--dtype fp32|bf16|fp16|int8] [--texts FILE] [--json out.json] [--atol X]
-    minibert inspect [--model M] [--batch 8] [--lengths 128,512]
+    minibert inspect [--model M] [--batch-size 8] [--lengths 128,512]
     minibert finetune --train train.csv --eval test.csv --model M --out DIR [--task classify|regress|tag] ...
     minibert predict DIR texts.txt
     minibert distill --teacher T --out DIR --texts corpus.txt [--student-blocks 0,2,4]      (sentence embeddings)
@@ -18,14 +20,17 @@
     minibert probe-over-time RUN data.conllu [--plot out.png] [--json out.json]   (a run's --snapshots)
     minibert depth-study --corpus FILE... --vocab V --eval-texts F --out DIR [--quick] [--conllu F] [--depths 1,2,4]
 
-    cli/common.py     options written once (parent parsers), loading, truncation reports, file checks
+    cli/settings.py   the inference commands' settings, declared once (and RENAMED: old spellings refused)
+    cli/common.py     a command's parser from its dataclass, loading, truncation reports, file checks
     cli/encoding.py   encode, embed, search
     cli/analysis.py   layers, probe, probe-over-time, map, fill, parity, inspect
     cli/training.py   finetune, predict, distill, exits, pretrain, depth-study
 
-A new command: an ``add_<name>(sub)`` that builds its sub-parser (shared options from ``common``) and sets
-``func``, then ``cmd_<name>(args)`` right below it, calling library functions; list ``add_<name>`` in its
-module's ``COMMANDS``. ``parity`` exits 1 when a layer differs by more than the tolerance.
+A new command: its settings dataclass (every path field saying what it is: ``path="model"``, ``"read"``,
+``"run"`` or ``"file"``), an ``add_<name>(sub)`` calling ``common.add_command`` and ``cmd_<name>(run)`` right
+below it, taking the checked dataclass and calling library functions; list ``add_<name>`` in its module's
+``COMMANDS``. ``main`` checks every declared path before the handler runs (``outputs.check_paths``) and
+records the files it wrote (``outputs.note_written``). ``parity`` exits 1 when a layer differs by more than the tolerance.
 
 Errors about what the user gave -- files, models, checkpoints, options, inputs -- are printed as one line
 (``minibert: error: ...``), exit code 2; anything else is a bug and keeps its traceback. Output cut short

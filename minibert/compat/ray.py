@@ -221,7 +221,7 @@ class RayEmbed:
     def check(self) -> None:
         check(self)
         if self.gpus_per_worker is not None and self.dtype == "int8":
-            raise InputError("gpus_per_worker with dtype='int8': int8 dynamic quantisation runs on the CPU only; on "
+            raise InputError("--gpus-per-worker with --dtype int8: int8 dynamic quantisation runs on the CPU only; on "
                              "GPUs use fp16 or bf16")
 
 

@@ -53,6 +53,7 @@ class _TaskModel(nn.Module):
     head_attribute = "classifier"  # ... and ours
     needs_pooler = False
     default_labels = None  # what from_encoder uses when given no labels
+    fresh_pooler = False  # from_encoder gave the encoder a new pooler (its checkpoint had none)
 
     def __init__(self, config: BertConfig, *, add_pooler: bool | None = None):
         super().__init__()
@@ -95,15 +96,17 @@ class _TaskModel(nn.Module):
         config.classifier_dropout = classifier_dropout
         config.validate()
         generator = torch.Generator().manual_seed(seed)
+        fresh = None
         if cls.needs_pooler and encoder.pooler is None:  # e.g. a BertForMaskedLM checkpoint: a fresh pooler
             import warnings
 
-            encoder.pooler = fresh_pooler(encoder, generator)
+            encoder.pooler = fresh = fresh_pooler(encoder, generator)
             warnings.warn(f"{source} has no pooler, which {cls.__name__} classifies: starting from a fresh one "
                           f"(N(0, 0.02), seed {seed}), as transformers does", stacklevel=2)
         with torch.device("meta"):
             model = cls(config, add_pooler=encoder.pooler is not None)
         model.bert = encoder
+        model.fresh_pooler = fresh is not None
         head = init_head(nn.Linear(config.hidden_size, model.head_out_features(), device=device), generator)
         setattr(model, cls.head_attribute, head)
         model.source = encoder.source  # where the tokenizer is, for predict()

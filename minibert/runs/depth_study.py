@@ -123,17 +123,14 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     where it stopped (the same settings, each one that differs named); a new probe or task file, or a
     changed one, is measured on every finished model; another corpus, vocabulary or held-out text is
     refused by name (every loss would change). ``overwrite`` replaces the folder instead."""
-    from ..outputs import Read, RunFolder
+    from ..outputs import RunFolder
     from ..textfiles import read_conllu
     from ..tokenizer import BertTokenizer
     from ..training.pretrain_data import TokenStore
 
     files, eval_files = _checked_inputs(config, corpus, eval_texts, conllu, task_train, task_eval, device)
-    reads = {"--vocab": vocab, "--corpus": Read("read", tuple(files)), "--eval-texts": Read("read", eval_texts),
-             "--conllu": Read("read", conllu), "--task-train": Read("read", task_train),
-             "--task-eval": Read("read", task_eval)}
-    folder = RunFolder(out_dir, command="depth-study", reads=reads, overwrite=overwrite,
-                       resumable=False, continues=_holds_study)
+    folder = RunFolder(out_dir, command="depth-study", reads=_reads(vocab, files, eval_texts, conllu, task_train, task_eval),
+                       overwrite=overwrite, resumable=False, continues=_holds_study)
     out_dir = folder.path
     tokenizer = BertTokenizer.from_pretrained(vocab)
     probe_data = read_conllu(conllu)[: config.probe_sentences] if conllu is not None else None
@@ -234,6 +231,15 @@ def _checked_inputs(config: DepthStudyConfig, corpus, eval_texts, conllu, task_t
         if path is not None:
             input_file(path, what)  # exists and is readable, before any work
     return files, eval_files
+
+
+def _reads(vocab, files, eval_texts, conllu, task_train, task_eval) -> dict:
+    """What a study reads, for the output-folder rule: its folder may hold none of it."""
+    from ..outputs import Read
+
+    return {"--vocab": vocab, "--corpus": Read("read", tuple(files)), "--eval-texts": Read("read", eval_texts),
+            "--conllu": Read("read", conllu), "--task-train": Read("read", task_train),
+            "--task-eval": Read("read", task_eval)}
 
 
 def _holds_study(folder: Path) -> bool:
@@ -483,7 +489,7 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     finished; a new or changed probe or task file is measured on the finished arms); returns that entry:
     {"teacher": run name, "depths": {"k": {arm: measures}}}. ``device``: where the distilled arm pre-trains
     and the task fine-tunes."""
-    from ..outputs import Read, RunFolder
+    from ..outputs import RunFolder
     from ..training.pretrain_data import corpus_files
 
     out_dir = Path(out_dir)
@@ -498,10 +504,8 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     config = study_config(results)
     inputs = study_inputs(files, vocab, eval_files, conllu, task_train, task_eval)
     _compare_study(results, {"config": results["config"], "inputs": inputs}, path)  # the same corpus, vocab, held-out
-    reads = {"--vocab": vocab, "--corpus": Read("read", tuple(files)), "--eval-texts": Read("read", eval_texts),
-             "--conllu": Read("read", conllu), "--task-train": Read("read", task_train),
-             "--task-eval": Read("read", task_eval)}
-    folder = RunFolder(out_dir, command="depth-study", reads=reads, resumable=False, continues=_holds_study)
+    folder = RunFolder(out_dir, command="depth-study", reads=_reads(vocab, files, eval_texts, conllu, task_train, task_eval),
+                       resumable=False, continues=_holds_study)
     study = _OpenStudy(out_dir, path, results, config, inputs, files, vocab, eval_texts)
     with folder.claim({"config": results["config"]}), _known_warnings():
         return _cut_vs_grown(study, conllu, task_train, task_eval, temperature, alpha, device)

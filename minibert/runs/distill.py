@@ -74,7 +74,7 @@ def distill_corpus(run: DistillRun) -> CorpusRun:
     config = dataclasses.replace(base_of(run, EmbeddingDistillConfig), lr=run.learning_rate(), pooling=pooling,
                                  normalize=normalize, student_dropout=student_dropout)
     if run.max_length is not None:
-        check_max_length("max_length (--max-length)", run.max_length, model_limit(teacher.config, tokenizer))
+        check_max_length("--max-length", run.max_length, model_limit(teacher.config, tokenizer))
     blocks = run.blocks() or default_blocks(teacher.config.num_hidden_layers)
     student = init_student(teacher, blocks).train()
     if run.freeze_embeddings:

@@ -125,7 +125,8 @@ def _checked(run: FinetuneRun):
         raise InputError("the scalarmix recipe classifies texts; use another recipe for --task tag")
     folder = run_folder(run.out, "finetune", reads=reads_of(run), config=run, overwrite=run.overwrite)
     base_config = read_config(run.model)
-    check_max_length("max_length (--max-length)", run.max_length, base_config.max_position_embeddings)
+    check_max_length("--max-length", run.max_length, base_config.max_position_embeddings)
+    _fit_default_sizes(run, options, base_config)
     module = None  # a task module's options, as add_adapter takes them
     if run.recipe in TASK_MODULE_RECIPES:
         rank = options.get("lora_rank")
@@ -140,6 +141,18 @@ def _checked(run: FinetuneRun):
         if options.get("merge_lora"):
             module = None  # apply_lora, merged at the end: no task module
     return options, module, where, world, folder
+
+
+def _fit_default_sizes(run: FinetuneRun, options: dict, config) -> None:
+    """A recipe's default size the user did not give, cut to what this model takes (the default bottleneck 64
+    on a 32-wide model: 32), and said; a size the user gave is checked as given (``check_sizes``)."""
+    limits = {"adapter_size": ("--adapter-size", config.hidden_size, "hidden size"),
+              "prefix_length": ("--prefix-length", config.max_position_embeddings, "positions"),
+              "lora_rank": ("--lora-rank", config.hidden_size, "hidden size")}
+    for name, (flag, limit, what) in limits.items():
+        if name in options and getattr(run, name) is None and options[name] > limit:
+            log.info(f"{flag}: the recipe's default {options[name]} is more than this model's {what}; using {limit}")
+            options[name] = limit
 
 
 def _model(run: FinetuneRun, data):
@@ -176,6 +189,8 @@ def _apply_recipe(run: FinetuneRun, model, config, options: dict, module, out_di
         save = save_merged
     elif module is not None:
         name = task_module_name(out_dir)
+        if getattr(model, "fresh_pooler", False):  # the base has no pooler: the module carries the one it trains
+            module = {**module, "pooler": True}
         add_adapter(model, name, seed=run.seed, **module)
 
         def save_module(m, directory):

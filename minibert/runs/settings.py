@@ -138,7 +138,7 @@ class FinetuneRun(FitConfig):
             for option, _ in recipe.options:
                 if name != self.recipe and getattr(self, option) not in (None, False):
                     flag = "--" + option.replace("_", "-")
-                    raise InputError(f"{option} ({flag}) belongs to the {name} recipe; this run's recipe is "
+                    raise InputError(f"{flag} belongs to the {name} recipe; this run's recipe is "
                                      f"{self.recipe}: leave it out, or use --recipe {name}")
         return {option: default if getattr(self, option) in (None, False) else getattr(self, option)
                 for option, default in RECIPES[self.recipe].options}

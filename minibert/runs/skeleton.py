@@ -93,7 +93,7 @@ def check_length(model, tokenizer, data: "TaskData", max_length: int) -> int:
     model's vocabulary (``check_fits``), and a warning saying how many rows it truncates
     (``TaskData.truncation_note``)."""
     tokenizer.check_fits(model.config)
-    check_max_length("max_length (--max-length)", max_length, model_limit(model.config, tokenizer))
+    check_max_length("--max-length", max_length, model_limit(model.config, tokenizer))
     note = data.truncation_note(tokenizer, max_length)
     if note is not None:
         warnings.warn(note, stacklevel=3)

@@ -263,6 +263,13 @@ class TaskModules(nn.Module):
             return None
         return torch.tanh(own(args[0][:, 0]))  # (B, H): the task's own pooler on the first token
 
+    def pooled_without_base(self, module, args, output):  # a forward hook on a base that has no pooler
+        task = self.current()
+        own = getattr(task, "pooler", None) if task is not None else None
+        if own is not None and output.pooler_output is None:
+            output.pooler_output = torch.tanh(own(output.last_hidden_state[:, 0]))  # (B, H)
+        return output
+
     def lora(self, path, module, args, output):
         task = self.current(("lora",))
         pair = None if task is None else task.pair(path)
@@ -282,14 +289,20 @@ def _container(encoder, create: bool) -> TaskModules | None:
             block.attn.kv.extend = partial(found.prefix_for, i)
         if encoder.pooler is not None:
             encoder.pooler.register_forward_hook(found.pooled)
+        else:  # no pooler to stand in for: a module's own pooler fills pooler_output itself
+            encoder.register_forward_hook(found.pooled_without_base)
     return found
 
 
-def base_fingerprint(model) -> str:
-    """sha256 of the base's own tensors (task modules left out): what a saved task module was trained on."""
+def base_fingerprint(model, own_pooler: bool = False) -> str:
+    """sha256 of the base's own tensors that a task module reads (task modules and a masked-LM head left
+    out): what a saved task module was trained on. A module with a pooler of its own never reads the base's
+    (``own_pooler``): that is left out too, so the module fits its base whether or not the base has one (a
+    masked-LM checkpoint has none)."""
     from ..tools.fingerprint import weights_fingerprint
 
-    return weights_fingerprint(encoder_of(model, GOES_ON), skip=("task_modules.",))
+    skip = ("task_modules.", "mlm_head.") + (("pooler.",) if own_pooler else ())
+    return weights_fingerprint(encoder_of(model, GOES_ON), skip=skip)
 
 
 #: each kind's options (``add_adapter``'s keywords) and their defaults; another kind's option is refused
@@ -390,7 +403,7 @@ def _new_task(encoder, kind: str, o: dict, generator) -> tuple[nn.Module, dict]:
         from .lora import lora_targets
 
         check_fraction("dropout", o["dropout"])
-        check_positive("r (--lora-rank)", o["r"], "the rank")
+        check_positive("--lora-rank", o["r"], "the rank")
         if quantized:
             raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
                              "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
@@ -401,9 +414,13 @@ def _new_task(encoder, kind: str, o: dict, generator) -> tuple[nn.Module, dict]:
                         generator)
         record |= {"r": o["r"], "alpha": o["alpha"], "dropout": o["dropout"], "targets": paths}
     if o["pooler"]:
-        if encoder.pooler is None:
-            raise InputError("pooler=True copies the base's pooler, and this base has none")
-        task.pooler = copy.deepcopy(encoder.pooler.dense).to(dtype=dtype)
+        if encoder.pooler is not None:
+            task.pooler = copy.deepcopy(encoder.pooler.dense).to(dtype=dtype)
+        else:  # a base without one (a masked-LM checkpoint): a new pooler, as transformers starts one
+            from ..models.heads import init_head
+
+            task.pooler = init_head(nn.Linear(config.hidden_size, config.hidden_size), generator).to(device=device,
+                                                                                                     dtype=dtype)
         record["pooler"] = True
     return task, record
 
@@ -415,15 +432,15 @@ def check_sizes(config, *, bottleneck: int | None = None, prefix_length: int | N
     before the layers are known, the hidden size, which every BERT linear layer has on one side). What
     ``add_adapter`` checks, and ``minibert finetune`` before any work."""
     if bottleneck is not None:
-        check_index("bottleneck (--adapter-size)", bottleneck, 1, config.hidden_size,
+        check_index("--adapter-size", bottleneck, 1, config.hidden_size,
                     f"a bottleneck narrows the hidden states: at most the model's hidden size, {config.hidden_size}")
     if prefix_length is not None:
-        check_index("prefix_length (--prefix-length)", prefix_length, 1, config.max_position_embeddings,
+        check_index("--prefix-length", prefix_length, 1, config.max_position_embeddings,
                     "keys and values per block: at most as many as the model has positions, "
                     f"{config.max_position_embeddings}")
     if r is not None:
         widest = config.hidden_size if widest is None else widest
-        check_index("r (--lora-rank)", r, 1, widest, f"at most the adapted layers' smaller side, {widest}: a higher "
+        check_index("--lora-rank", r, 1, widest, f"at most the adapted layers' smaller side, {widest}: a higher "
                     "rank adds nothing a full update would not")
 
 
@@ -552,7 +569,9 @@ def save_adapter(model, name: str, directory) -> Path:
     if source and Path(source).exists():  # a local folder: absolute, so the record holds from anywhere
         source = str(Path(source).resolve())
     base = base_config(encoder.config)
-    record = {"name": name, "options": container.options[name], "base_fingerprint": base_fingerprint(encoder),
+    own_pooler = bool(container.options[name].get("pooler"))
+    record = {"name": name, "options": container.options[name],
+              "base_fingerprint": base_fingerprint(encoder, own_pooler=own_pooler),
               "base_source": source, "hidden_size": encoder.config.hidden_size,
               "num_hidden_layers": encoder.config.num_hidden_layers, "base_config": base, "head": head}
     with atomic_dir(directory) as tmp:
@@ -613,7 +632,13 @@ def load_adapter(model, directory, *, name: str | None = None, activate: bool = 
     check_record(directory, PART, record, keys=SEALED)  # adapter.json edited after saving
     encoder = encoder_of(model, GOES_ON)
     check_base_config(directory, record, encoder.config)
-    if check_base and record.get("base_fingerprint") != base_fingerprint(encoder):
+    own_pooler = bool(record["options"].get("pooler"))
+    # what the module reads of its base; modules saved before counted a masked-LM head and their own pooler's
+    # base in: their fingerprint is accepted too
+    from ..tools.fingerprint import weights_fingerprint
+
+    if check_base and record.get("base_fingerprint") not in {
+            base_fingerprint(encoder, own_pooler=own_pooler), weights_fingerprint(encoder, skip=("task_modules.",))}:
         base = record.get("base_source") or "unknown"
         raise InputError(f"{directory.resolve()}: trained on another base ({base}; the weights' fingerprints differ)",
                          python="load it on that base, or pass check_base=False if this base is the same model "

@@ -294,7 +294,7 @@ class Examples:
                  rule: MaskingRule = MaskingRule(), seed: int = 0):
         from ..checks import check_max_length
 
-        check_max_length("max_length (--max-length)", max_length, 1 << 16, pair=nsp)  # the model's limit: by the caller
+        check_max_length("--max-length", max_length, 1 << 16, pair=nsp)  # the model's limit: by the caller
         if store.meta["vocabulary_sha256"] != vocabulary_hash(tokenizer):
             raise InputError(f"the token store {store.folder} was made with another vocabulary than this tokenizer's")
         self.store, self.max_length, self.nsp, self.rule, self.seed = store, max_length, nsp, rule, seed

@@ -306,20 +306,25 @@ def test_fit_stops_on_a_non_finite_step_and_keeps_the_best_epoch(tmp_path, grad)
 def test_sizes_are_bounded_by_the_model_and_options_of_another_recipe_refused(work, tmp_path, capsys):
     out = tmp_path / "refused"
     for extra, message in (
-            (["--recipe", "prefix", "--prefix-length", "100000"], "prefix_length (--prefix-length)=100000 is out of "
+            (["--recipe", "prefix", "--prefix-length", "100000"], "--prefix-length=100000 is out of "
              "range: it must be an int in [1, 64]"),
-            (["--recipe", "adapter", "--adapter-size", "100000"], "bottleneck (--adapter-size)=100000 is out of range: "
+            (["--recipe", "adapter", "--adapter-size", "100000"], "--adapter-size=100000 is out of range: "
              "it must be an int in [1, 32]"),
-            (["--recipe", "lora", "--lora-rank", "33"], "r (--lora-rank)=33 is out of range"),
-            (["--recipe", "lora", "--adapter-kind", "pfeiffer"], "adapter_kind (--adapter-kind) belongs to the adapter "
+            (["--recipe", "lora", "--lora-rank", "33"], "--lora-rank=33 is out of range"),
+            (["--recipe", "lora", "--adapter-kind", "pfeiffer"], "--adapter-kind belongs to the adapter "
              "recipe; this run's recipe is lora"),
-            (["--recipe", "adapter", "--lora-rank", "4"], "lora_rank (--lora-rank) belongs to the lora recipe"),
-            (["--prefix-length", "4"], "prefix_length (--prefix-length) belongs to the prefix recipe; this run's "
+            (["--recipe", "adapter", "--lora-rank", "4"], "--lora-rank belongs to the lora recipe"),
+            (["--prefix-length", "4"], "--prefix-length belongs to the prefix recipe; this run's "
              "recipe is full"),
-            (["--recipe", "adapter", "--merge-lora"], "merge_lora (--merge-lora) belongs to the lora recipe"),
-            (["--max-length", "65"], "max_length (--max-length)=65 is out of range: it must be an int in [3, 64]")):
+            (["--recipe", "adapter", "--merge-lora"], "--merge-lora belongs to the lora recipe"),
+            (["--max-length", "65"], "--max-length=65 is out of range: it must be an int in [3, 64]")):
         assert message in cli_error(capsys, *finetune_args(work, out, *extra)), extra
     assert "--layerdrop: must be in [0, 1)" in usage_error(capsys, *finetune_args(work, out, "--layerdrop", "1"))
+    # a recipe's default the user never gave is cut to the model (the bottleneck 64 on this 32-wide base), and said
+    assert run(*finetune_args(work, tmp_path / "a32", "--recipe", "adapter")) == 0
+    assert "--adapter-size: the recipe's default 64 is more than this model's hidden size; using 32" in \
+        capsys.readouterr().out
+    assert json.loads((tmp_path / "a32" / "adapter.json").read_text())["options"]["bottleneck"] == 32
     assert not out.exists()  # each refused before any work
 
 
@@ -572,3 +577,28 @@ def test_a_checkpoint_holding_nan_is_never_written(work, tmp_path):
         with pytest.raises(CheckpointError, match="not saved: 1 tensor.*1 of .* values.*Nothing was written"):
             model.save_pretrained(where)
     assert snapshot(tmp_path / "good") == kept and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("recipe", ["lora", "adapter", "prefix"])
+def test_task_modules_on_a_base_without_a_pooler_save_it_and_predict(finished, tmp_path, capsys, recipe):
+    """Every pretrain output is a masked LM with no pooler: a task module trained on it carries the pooler it
+    trained, its fingerprint is the base's (byte-identical on disk), and predict runs on that base."""
+    from safetensors.torch import load_file
+
+    from minibert import BertModel
+    from minibert.training.adapters import task_head
+
+    base = finished / "p1"
+    assert BertModel.from_pretrained(base).pooler is None
+    out = tmp_path / recipe
+    assert run(*finetune_args(finished, out, "--recipe", recipe, model=base)) == 0
+    assert "has no pooler" in capsys.readouterr().err
+    assert {"task.pooler.weight", "task.pooler.bias"} <= set(load_file(out / "adapter.safetensors"))
+    assert json.loads((out / "adapter.json").read_text())["options"]["pooler"] is True
+    capsys.readouterr()
+    assert run("predict", out, finished / "held.txt") == 0  # no "trained on another base", no TypeError
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 20 and all(line.split("\t")[0] in ("pos", "neg") for line in lines)
+    head = task_head(BertModel.from_pretrained(base), out).eval()  # the Python route: the same pooler used
+    trained = load_file(out / "adapter.safetensors")["task.pooler.weight"]
+    assert torch.equal(head.bert.task_modules.tasks[head.task_name].pooler.weight.detach(), trained)
