@@ -29,6 +29,10 @@ LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": 10
 
 #: where a block's LayerNorm may sit (BERT's is "post"; the others are models/norms.py's ablations)
 NORM_PLACEMENTS = ("post", "pre", "deepnorm")
+#: config.json's model_type for each placement: BERT's post-LN is "bert"; the ablations name themselves, so
+#: that transformers' Auto classes refuse them ("does not recognize this architecture") and its BertModel says
+#: it is instantiating another model type, instead of silently computing BERT's post-LN from their weights
+NORM_MODEL_TYPES = {"post": "bert", "pre": "minibert-pre-ln", "deepnorm": "minibert-deepnorm"}
 
 #: transformers' problem types for sequence classification (the loss each implies: heads.py)
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -139,8 +143,14 @@ class BertConfig:
             data["position_embedding_type"] = "absolute"
         if data.get("pad_token_id") is None:
             data["pad_token_id"] = 0
-        if data.get("model_type", "bert") != "bert":
-            raise InputError(f"config.json has model_type {data['model_type']!r}; minibert loads 'bert' only")
+        model_type = data.get("model_type", "bert")
+        if model_type != "bert":  # an ablation minibert wrote names its placement (earlier ones say "bert")
+            placement = next((p for p, name in NORM_MODEL_TYPES.items() if name == model_type), None)
+            if placement is None or data.get("norm_placement", placement) != placement:
+                raise InputError(f"config.json has model_type {model_type!r}; minibert loads 'bert' (and its own "
+                                 f"{', '.join(repr(t) for t in list(NORM_MODEL_TYPES.values())[1:])} with the "
+                                 "matching norm_placement)")
+            data.setdefault("norm_placement", placement)
         if isinstance(data.get("id2label"), dict):  # JSON keys are strings
             try:
                 data["id2label"] = {int(k): v for k, v in data["id2label"].items()}
@@ -165,7 +175,7 @@ class BertConfig:
 
     def to_dict(self) -> dict:
         """config.json content that transformers' BertModel reads back to the same model."""
-        data = {"architectures": ["BertModel"], "model_type": "bert"}
+        data = {"architectures": ["BertModel"], "model_type": NORM_MODEL_TYPES.get(self.norm_placement, "bert")}
         data.update(dataclasses.asdict(self))
         for key in ("id2label", "problem_type", "classifier_dropout"):  # task fields only when set
             if data[key] is None:

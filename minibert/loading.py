@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .checks import check_parts, encoder_of
-from .config import BertConfig, read_json_object
+from .config import NORM_MODEL_TYPES, BertConfig, read_json_object
 from .errors import CheckpointError, InputError
 from .names import hub_repo_id, parse_dtype
 from .textfiles import atomic_dir, atomic_file, inside
@@ -443,8 +443,9 @@ def check_norm_placement(encoder, where: str, stacklevel: int) -> None:
         import warnings
 
         warnings.warn(f"a {placement} model (norm_placement={placement!r}, an ablation: minibert's models/norms.py) "
-                      "is read back as itself by minibert only -- transformers' BertModel would load it as BERT's "
-                      "post-LN and compute something else", stacklevel=stacklevel)  # one text: said once a process
+                      "is read back as itself by minibert only: its config.json says model_type "
+                      f"{NORM_MODEL_TYPES[placement]!r}, which transformers' Auto classes refuse and its BertModel "
+                      "warns of (BERT is post-LN: it would compute something else)", stacklevel=stacklevel)  # one text: said once a process
 
 
 # ----------------------------------------------------------------------------------------- saving

@@ -256,6 +256,14 @@ def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", t
     if dtype not in DEFAULT_ATOL:
         raise InputError(f"dtype {dtype!r} is not supported; use one of {sorted(DEFAULT_ATOL)}")
     atol = DEFAULT_ATOL[dtype] if atol is None else float(atol)
+    if against is None and dtype != "int8":  # transformers has post-LN blocks only: no ablation to compare with
+        from ..loading import read_config
+
+        placement = read_config(model).norm_placement
+        if placement != "post":
+            raise InputError(f"{model} is a {placement} model (norm_placement={placement!r}): transformers cannot "
+                             "represent it (its BertModel is BERT's post-LN), so there is nothing of transformers' to "
+                             "compare it with; compare it with another minibert checkpoint instead: --against B")
     tokenizer = BertTokenizer.from_pretrained(tokenizer_source or model)
     batches = make_batches(tokenizer, texts=texts) if texts is not None else make_batches(tokenizer)
     if dtype == "int8":  # int8 against fp32, both through minibert's fast path (what an int8 user runs)

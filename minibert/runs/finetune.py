@@ -135,7 +135,13 @@ def _checked(run: FinetuneRun):
                   "prefix": {"kind": "prefix", "prefix_length": options.get("prefix_length"), "pooler": True},
                   "adapter": {"kind": options.get("adapter_kind"), "bottleneck": options.get("adapter_size")}}[run.recipe]
         sizes = {k: v for k, v in module.items() if k in ("bottleneck", "prefix_length", "r")}
-        check_sizes(base_config, **sizes)  # the merged LoRA's rank too
+        try:
+            check_sizes(base_config, **sizes)  # the merged LoRA's rank too
+        except InputError as e:  # said in the options' names (the function speaks Python's)
+            flags = {"bottleneck=": "--adapter-size=", "prefix_length=": "--prefix-length=", "r=": "--lora-rank="}
+            text = str(e)
+            raise InputError(next((flag + text[len(name):] for name, flag in flags.items() if text.startswith(name)),
+                                  text)) from None
         check_module_cost(base_config, module["kind"], what=f"--recipe {run.recipe}", batch_size=run.batch_size * world,
                           max_length=run.max_length, targets=max(1, len(module.get("targets", ()))), **sizes)
         if options.get("merge_lora"):

@@ -403,7 +403,7 @@ def _new_task(encoder, kind: str, o: dict, generator) -> tuple[nn.Module, dict]:
         from .lora import lora_targets
 
         check_fraction("dropout", o["dropout"])
-        check_positive("--lora-rank", o["r"], "the rank")
+        check_positive("r", o["r"], "the rank")
         if quantized:
             raise InputError("this model is int8-quantised: LoRA task modules train through the base's fp32 linear "
                              "layers; add them to the fp32 model (adapters and prefixes work on int8 bases)")
@@ -432,15 +432,15 @@ def check_sizes(config, *, bottleneck: int | None = None, prefix_length: int | N
     before the layers are known, the hidden size, which every BERT linear layer has on one side). What
     ``add_adapter`` checks, and ``minibert finetune`` before any work."""
     if bottleneck is not None:
-        check_index("--adapter-size", bottleneck, 1, config.hidden_size,
+        check_index("bottleneck", bottleneck, 1, config.hidden_size,
                     f"a bottleneck narrows the hidden states: at most the model's hidden size, {config.hidden_size}")
     if prefix_length is not None:
-        check_index("--prefix-length", prefix_length, 1, config.max_position_embeddings,
+        check_index("prefix_length", prefix_length, 1, config.max_position_embeddings,
                     "keys and values per block: at most as many as the model has positions, "
                     f"{config.max_position_embeddings}")
     if r is not None:
         widest = config.hidden_size if widest is None else widest
-        check_index("--lora-rank", r, 1, widest, f"at most the adapted layers' smaller side, {widest}: a higher "
+        check_index("r", r, 1, widest, f"at most the adapted layers' smaller side, {widest}: a higher "
                     "rank adds nothing a full update would not")
 
 

@@ -33,9 +33,10 @@ def test_each_placement_saves_loads_and_matches_itself(tmp_path, placement):
         warnings.simplefilter("always")
         model.save_pretrained(tmp_path)
         loaded = BertModel.from_pretrained(tmp_path)
-    transformers_note = [w for w in said if "transformers' BertModel would load it" in str(w.message)]
+    transformers_note = [w for w in said if "which transformers' Auto classes refuse" in str(w.message)]
     assert len(transformers_note) == (0 if placement == "post" else 2)  # on save and on load, not for BERT's
     written = json.loads((tmp_path / "config.json").read_text())
+    assert written["model_type"] == {"post": "bert", "pre": "minibert-pre-ln", "deepnorm": "minibert-deepnorm"}[placement]
     assert written.get("norm_placement", "post") == placement and ("norm_placement" in written) == (placement != "post")
     assert type(loaded.encoder.blocks[0]) is type(model.encoder.blocks[0])
     a, b = model(ids, mask), loaded(ids, mask)
@@ -115,3 +116,40 @@ def test_deepnorm_is_post_ln_with_a_scaled_residual_and_a_smaller_init():
         h = block.attn_norm(block.alpha * x + attended)
         expected = block.ffn_norm(block.alpha * h + block.ffn(h))
         assert torch.allclose(block(x)[0], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("placement", ["pre", "deepnorm"])
+def test_transformers_refuses_or_says_why_and_parity_points_to_against(tmp_path, capsys, placement):
+    """Issue 61: a pre-LN or DeepNorm checkpoint never loads silently into transformers as BERT's post-LN: its
+    Auto classes refuse the model_type, its BertModel / BertForMaskedLM say they instantiate another type;
+    ``minibert parity`` says transformers cannot represent it and points to --against."""
+    import logging
+
+    transformers = pytest.importorskip("transformers")
+    from conftest import cli_error
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        BertModel(norm_config(BertConfig(**TINY), placement), add_mlm_head=True).save_pretrained(tmp_path)
+        assert BertModel.from_pretrained(tmp_path).config.norm_placement == placement  # minibert: itself
+    for auto in (transformers.AutoModel, transformers.AutoModelForMaskedLM, transformers.AutoConfig):
+        with pytest.raises(ValueError, match="minibert-"):
+            auto.from_pretrained(tmp_path)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        for cls in (transformers.BertModel, transformers.BertForMaskedLM):
+            records.clear()
+            cls.from_pretrained(tmp_path)
+            said = " ".join(r.getMessage() for r in records)
+            assert f"model of type `minibert-{'pre-ln' if placement == 'pre' else placement}` to instantiate a " \
+                   "model of type `bert`" in said, said
+    finally:
+        logger.removeHandler(handler)
+    capsys.readouterr()
+    line = cli_error(capsys, "parity", "--model", tmp_path)
+    assert "transformers cannot represent it" in line and "--against" in line

@@ -164,9 +164,13 @@ def test_a_task_module_with_its_own_pooler_saves_loads_and_leaves_the_base_alone
     with torch.no_grad():
         assert torch.equal(model.bert(**batch).pooler_output, plain)  # the base's pooler, untouched
     bare = BertForSequenceClassification.from_encoder(DATA / "base", labels=["no", "yes"], seed=0)
-    bare.bert.pooler = None
-    with pytest.raises(InputError, match="pooler=True copies the base's pooler"):
-        add_adapter(bare, "p", "prefix", pooler=True)
+    bare.bert.pooler = None  # a base without a pooler (a masked LM's): the module brings a new one and fills
+    add_adapter(bare, "p", "prefix", pooler=True)  # pooler_output itself (issue 61)
+    with torch.no_grad():
+        out = bare.bert(**batch)
+    own = bare.bert.task_modules.tasks["p"].pooler
+    assert torch.equal(out.pooler_output, torch.tanh(own(out.last_hidden_state[:, 0])))
+    remove_adapter(bare, "p")
     with pytest.raises(InputError, match="prefix_length: not an option of a houlsby module; it takes bottleneck"):
         add_adapter(bare, "h", "houlsby", prefix_length=3)  # another kind's option, refused rather than ignored
 
