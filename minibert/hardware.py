@@ -103,6 +103,9 @@ def training_device(device=None, option: str = "--device", doing: str = "trains"
     except (RuntimeError, TypeError, ValueError):
         raise InputError(f"{option} {device!r} is not a device: use cpu, cuda or cuda:N") from None
     if chosen.type == "cpu":
+        if chosen.index not in (None, 0):  # torch takes cpu:N and ignores N: one CPU device, cpu or cpu:0
+            raise InputError(f"{option} {device!r}: this machine has one CPU device (cpu, or cpu:0); its threads are "
+                             "set with torch.set_num_threads, not an index")
         return chosen
     if chosen.type != "cuda":
         raise InputError(f"{option} {device!r}: minibert {doing} on cpu or cuda")
@@ -127,7 +130,7 @@ def inference_device(device=None, option: str = "--device", dtype=None) -> torch
         asked = torch.device(device) if device is not None else None
     except (RuntimeError, TypeError, ValueError):
         asked = None  # training_device says what is wrong with it
-    if asked is not None and asked.type != "cpu" and str(dtype) == "int8":
+    if asked is not None and asked.type == "cuda" and str(dtype) == "int8":
         raise InputError(f"{option} {device!r} with int8: int8 dynamic quantisation runs on the CPU only (its kernels "
                          "are fbgemm's / oneDNN's); on a GPU use fp16 or bf16")
     return training_device(device, option, doing="runs")

@@ -520,6 +520,10 @@ class RunFolder:
 
     # what the folder holds, and what may be done with it -------------------------------------------
     def _decide(self) -> str:
+        lock = self.real / LOCK_FILE
+        if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+            raise InputError(f"{self.what} {self.shown!r}: {lock} is not a file, so it is not minibert's lock (which is a "
+                             "file it writes): move it away, or choose another folder")
         names = contents(self.real)
         record = read_record(self.real)
         holder = held_by(self.real)

@@ -154,8 +154,12 @@ def output_file(path, suffix: str, what: str, formats: Sequence[str] | None = No
     and it is not a directory. ``suffix`` is added to a name without it, as the writer would add it, so the
     path returned (and printed) is the real one. With ``formats`` (the suffixes the writer takes, e.g. a
     plot's), ``suffix`` is added only to a name with no suffix, and another suffix is an InputError."""
+    if not str(path).strip():
+        raise InputError(f"{what} is empty; give a file name")
     if str(path).endswith(("/", os.sep)) or Path(path).expanduser().is_dir():
-        raise InputError(f"{what} {str(path)!r} is a directory; give a file name (e.g. {str(Path(path) / ('out' + suffix))!r})")
+        folder = Path(path).expanduser()
+        beside = folder.parent / (folder.resolve().name + suffix)  # beside the folder, never inside what it holds
+        raise InputError(f"{what} {str(path)!r} is a directory; give a file name (e.g. {str(beside)!r})")
     out = Path(path).expanduser()
     if formats is None:
         if out.suffix != suffix:
@@ -179,6 +183,8 @@ def output_dir(path, what: str = "--out") -> Path:
     """Check a folder to be written, before any work -- the rule of every command that writes a folder: it
     exists (a folder, writable), or it will be created as the last level only, so its parent must exist
     (a typo such as ``/nope/run`` is refused, never created)."""
+    if not str(path).strip():
+        raise InputError(f"{what} is empty; give a folder (it is never taken as the current one)")
     out = Path(path).expanduser()
     if out.exists():
         if not out.is_dir():

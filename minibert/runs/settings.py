@@ -13,7 +13,7 @@ measured to work with. A run that leaves ``lr`` or ``epochs`` unset takes its re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from ..checks import check_seed
 from ..errors import InputError
@@ -335,6 +335,12 @@ class PretrainRun(PretrainConfig):
         super().check()
         if self.eval_every is not None and self.eval_texts is None:
             raise InputError("--eval-every needs --eval-texts (held-out text to evaluate on)")
+        if self.eval_texts is not None and self.eval_every is None:
+            raise InputError("--eval-texts needs --eval-every N (how many steps between evaluations); without it the "
+                             "held-out text would never be evaluated")
+        default_plateau = next(f.default for f in fields(PretrainConfig) if f.name == "plateau_step")
+        if self.plateau_step != default_plateau and self.eval_texts is None:
+            raise InputError("--plateau-step reads the held-out masked accuracy: it needs --eval-texts and --eval-every")
         if self.teacher is None:
             if self.temperature is not None or self.alpha is not None:
                 raise InputError("--temperature and --alpha go with --teacher (distillation while pre-training)")
@@ -409,7 +415,8 @@ class DepthStudyConfig:
         from ..config import NORM_PLACEMENTS
 
         if not self.norms or any(n not in NORM_PLACEMENTS for n in self.norms) or len(set(self.norms)) < len(self.norms):
-            raise InputError(f"norms={self.norms!r}: one or more different placements of {NORM_PLACEMENTS}")
+            raise InputError(f"--norms {','.join(map(str, self.norms))}: give one or more different placements of "
+                             f"{', '.join(NORM_PLACEMENTS)}")
         if not self.warmups or len(set(self.warmups)) < len(self.warmups):
             raise InputError(f"warmups={self.warmups!r}: give one or more different warmup shares")
 

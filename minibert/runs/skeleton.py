@@ -151,7 +151,7 @@ class TaskData:
                 counts.append(f"{len(cut)} of {len(found)} {which} rows (up to {max(cut)} tokens cut)")
         if not counts:
             return None
-        return (f"note: {' and '.join(counts)} are longer than {max_length} tokens and are truncated; "
+        return (f"{' and '.join(counts)} are longer than {max_length} tokens and are truncated; "
                 "--max-length sets the limit")
 
     def batches(self, tokenizer, label2id: dict, *, batch_size: int, max_length: int, seed: int):

@@ -42,7 +42,8 @@ def parameter_counts(model_or_config) -> dict:
     """Parameters by component. Keys: embeddings.{word,position,token_type,norm}, embeddings,
     blocks.{i} (and, for block 0, its parts as the model names them: block.attn.{query,key,value,output},
     block.attn_norm, block.ffn.{dense_in,dense_out}, block.ffn_norm),
-    blocks, pooler, total, non_embedding (blocks + pooler). A config is counted as BERT would build it."""
+    blocks (the blocks alone), final_norm (pre-LN's last LayerNorm; 0 for BERT's post-LN), pooler, total,
+    non_embedding (blocks + final_norm + pooler). A config is counted as BERT would build it."""
     model = _model_for(model_or_config)
     e = model.embeddings
     counts = {
@@ -55,12 +56,14 @@ def parameter_counts(model_or_config) -> dict:
     if len(model.encoder.blocks):
         block = model.encoder.blocks[0]
         counts.update({f"block.{name}": _numel(block.get_submodule(name)) for name in BLOCK_PARTS})
-    counts["blocks"] = _numel(model.encoder)
+    final = getattr(model.encoder, "final_norm", None)
+    counts["final_norm"] = _numel(final) if final is not None else 0
+    counts["blocks"] = _numel(model.encoder) - counts["final_norm"]
     counts["pooler"] = _numel(model.pooler) if model.pooler is not None else 0
     if getattr(model, "mlm_head", None) is not None:  # tied: its decoder is the word embeddings; untied: counted here
         counts["mlm_head"] = _numel(model.mlm_head)
     counts["total"] = _numel(model)
-    counts["non_embedding"] = counts["blocks"] + counts["pooler"]
+    counts["non_embedding"] = counts["blocks"] + counts["final_norm"] + counts["pooler"]
     return counts
 
 
@@ -139,7 +142,10 @@ def format_report(model_or_config, name: str = "model", lengths=(128, 512), batc
     total = counts["total"]
     lines = [f"{name}: {c.num_hidden_layers} blocks, hidden {c.hidden_size}, {c.num_attention_heads} heads "
              f"(d = {c.head_size}), FFN {c.intermediate_size}, vocab {c.vocab_size}, "
-             f"{c.max_position_embeddings} positions, {c.hidden_act}",
+             f"{c.max_position_embeddings} positions, {c.hidden_act}, "
+             + ("BERT's post-LN blocks" if c.norm_placement == "post" else
+                f"{c.norm_placement} norm placement (an ablation, models/norms.py"
+                + (f"; residual scale {c.residual_scale:g})" if c.norm_placement == "deepnorm" else ")")),
              "", f"{'component':<28}{'parameters':>14}{'share':>9}"]
 
     def row(label, n):
@@ -153,6 +159,8 @@ def format_report(model_or_config, name: str = "model", lengths=(128, 512), batc
             row("  block." + key, counts["block." + key])
         row("each block", counts["blocks.0"])
     row(f"blocks (x{c.num_hidden_layers})", counts["blocks"])
+    if counts["final_norm"]:
+        row("final LayerNorm (pre-LN)", counts["final_norm"])
     row("pooler", counts["pooler"])
     row("total", total)
 

@@ -139,7 +139,9 @@ class PlateauWatch:
         if self.said or step < self.after or not on_plateau(accuracy, self.rate):
             return None
         self.said = True
-        return (f"step {step}: held-out masked accuracy {accuracy:.3f} is still the unigram rate {self.rate:.3f} "
+        near = abs(accuracy - self.rate) <= self.rate * (PLATEAU_FACTOR - 1) + PLATEAU_POINTS
+        where = "still the unigram rate" if near else "below even the unigram rate"  # 0.000: not "still" 0.055
+        return (f"step {step}: held-out masked accuracy {accuracy:.3f} is {where} {self.rate:.3f} "
                 f"(always predicting the corpus' most frequent token, id {self.token}): the run is stuck on the "
                 "unigram plateau. What usually gets a run off it: a longer warmup (--warmup 0.2), "
                 f"{'' if self.placement == 'pre' else 'pre-LN (--norm pre), '}a lower learning rate (--lr); fewer "

@@ -371,7 +371,9 @@ def check_finite(model: nn.Module, step: int, loss: float, grad_norm=None, *, lr
         what = f"the training loss is {loss}"
     elif grad_norm is not None and not math.isfinite(float(grad_norm)):
         if scaler is None:
-            what = f"the gradient norm is {float(grad_norm)} (first non-finite gradient: {non_finite_gradient(model)})"
+            first = non_finite_gradient(model)
+            what = f"the gradient norm is {float(grad_norm)}" + (f" (first non-finite gradient: {first})" if first else
+                                                                  " (every gradient finite: their norm overflowed)")
         elif scaler.get_scale() < 1.0:
             what = f"the gradients overflow fp16 even at loss scale {scaler.get_scale():g}"
     if what is None:

@@ -302,3 +302,75 @@ def test_embed_out_naming_a_folder_is_refused(tmp_path, capsys):
         line = cli_error(capsys, "embed", texts, "--out", out, "--model", tmp_path / "nope")
         assert "is a directory; give a file name" in line
     assert not (tmp_path / "vectors.npy").exists() and not any(folder.iterdir())
+
+
+# ------------------------------------------------------------------- issue 61: each line of the trial
+def test_the_lines_of_the_issue_61_trial(tmp_path, capsys):
+    import json
+    import math
+
+    from conftest import usage_error
+
+    base = ROOT / "tests" / "data" / "adapters" / "base"
+    texts = tmp_path / "t.txt"
+    texts.write_text("the day\n", encoding="utf-8")
+    for value in ("nan", "inf"):  # was a 74-line Ray traceback (nan) and accepted (inf)
+        line = usage_error(capsys, "embed", texts, "--engine", "ray", "--gpus-per-worker", value, "--out", tmp_path / "r")
+        assert "--gpus-per-worker: must be a finite number" in line
+    corpus = ["--corpus", texts, "--out", tmp_path / "p", "--vocab", base, "--blocks", "1", "--hidden", "32",
+              "--heads", "2", "--steps", "2"]
+    assert "--plateau-step reads the held-out masked accuracy" in cli_error(capsys, "pretrain", *corpus,
+                                                                               "--plateau-step", "1")
+    assert "--eval-texts needs --eval-every" in cli_error(capsys, "pretrain", *corpus, "--eval-texts", texts)
+    line = cli_error(capsys, "encode", "x", "--model", base, "--device", "meta", "--dtype", "int8")
+    assert "GPU" not in line and "cpu or cuda" in line  # meta is no GPU
+    for device in ("cpu:1", "cpu:99"):
+        assert "one CPU device" in cli_error(capsys, "encode", "x", "--model", base, "--device", device)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        minibert.cli.main(["encode", "x", "--bogus"])
+    assert "minibert encode: error: unrecognized arguments: --bogus" in capsys.readouterr().err
+    line = cli_error(capsys, "embed", texts, "--model", base, "--out", base)
+    assert "is a directory" in line and str(base / "") + "out.npy" not in line and "base.npy" in line
+    assert "--out is empty" in cli_error(capsys, "embed", texts, "--model", base, "--out", "")
+    assert "--out is empty" in cli_error(capsys, "finetune", "--train", texts, "--eval", texts, "--out", "")
+    run = tmp_path / "run"
+    (run / ".minibert.lock").mkdir(parents=True)
+    line = cli_error(capsys, "pretrain", *corpus[:2], "--out", run, *corpus[4:])
+    assert "is not a file, so it is not minibert's lock" in line and "Errno" not in line
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    assert "| `--quiet` | on |" not in page and "| `--quiet` | off |" in page
+
+
+def test_inspect_shows_the_norm_placement_and_pre_ln_s_final_layernorm(tmp_path, capsys):
+    import warnings
+
+    from minibert import BertConfig, BertModel
+    from minibert.models.norms import norm_config
+
+    config = norm_config(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=32), "pre")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        BertModel(config).save_pretrained(tmp_path)
+    out = cli_in_process(capsys, "inspect", "--model", tmp_path, "--lengths", "8").stdout
+    assert "pre norm placement" in out and "final LayerNorm (pre-LN)" in out
+    rows = {line[:28].strip(): int(line[28:42].replace(",", "")) for line in out.splitlines()
+            if line[28:42].strip().replace(",", "").isdigit()}
+    assert rows["final LayerNorm (pre-LN)"] == 32 and rows["total"] == rows["embeddings"] + rows["blocks (x2)"] + 32 + \
+        rows["pooler"]
+
+
+def test_stop_and_plateau_messages_say_what_happened():
+    from minibert.errors import TrainingStopped
+    from minibert.training.diagnostics import PlateauWatch
+    from minibert.training.loop import check_finite
+
+    said = PlateauWatch(0.055, 7, after=1).check(400, 0.0)
+    assert "0.000 is below even the unigram rate 0.055" in said and "still" not in said
+    assert "is still the unigram rate 0.055" in PlateauWatch(0.055, 7, after=1).check(400, 0.056)
+    model = torch.nn.Linear(2, 2)
+    model(torch.ones(1, 2)).sum().backward()  # finite gradients whose norm overflowed
+    with pytest.raises(TrainingStopped) as stopped:
+        check_finite(model, 3, 1.0, float("inf"), lr=1e-3, kept="nothing kept")
+    assert "None" not in str(stopped.value) and "every gradient finite" in str(stopped.value)

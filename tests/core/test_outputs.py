@@ -489,7 +489,7 @@ def test_arguments_and_files_are_checked_before_anything_is_created(work, tmp_pa
     assert "corpus file" in missing and "second.txt' not found" in missing
     assert "--temperature and --alpha go with --teacher" in cli_error(
         capsys, *pretrain_args(work, out, "--steps", "2", "--alpha", "0.3"))
-    assert "not found" in cli_error(capsys, *pretrain_args(work, out, "--steps", "2", "--eval-texts",
+    assert "not found" in cli_error(capsys, *pretrain_args(work, out, "--steps", "2", "--eval-every", "1", "--eval-texts",
                                                             tmp_path / "held.txt"))
     study = ["depth-study", "--corpus", work / "corpus.txt", "--vocab", work / "base", "--eval-texts", work / "held.txt",
              "--out", out, "--quick"]

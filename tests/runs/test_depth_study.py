@@ -262,7 +262,7 @@ def test_a_stability_grid_plans_every_norm_and_warmup_and_summarises_the_stuck_s
     rows = summary_rows(results)
     assert len(rows) == 8 and {(r["norm"], r["warmup"], r["stuck_share"]) for r in rows} == {
         ("post", 0.06, 0.5), ("post", 0.2, 0.5), ("pre", 0.06, 0.0), ("pre", 0.2, 0.0)}
-    with pytest.raises(InputError, match="norms=.*one or more different placements"):
+    with pytest.raises(InputError, match="--norms post,sandwich: give one or more different placements"):
         DepthStudyConfig(norms=("post", "sandwich")).check()
 
 

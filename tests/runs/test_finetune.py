@@ -283,6 +283,7 @@ def test_max_length_is_checked_and_truncation_said_in_finetune_and_predict(encod
     assert main(base + ["--max-length", "16", "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     assert "1 of 16 training rows (up to 32 tokens cut) and 1 of 16 held-out rows" in err and "longer than 16" in err
+    assert "warning: note:" not in err and "minibert: warning: 1 of 16 training rows" in err  # one word, not two
     (tmp_path / "new.txt").write_text("the day was great\n" + "very " * 40 + "\n", encoding="utf-8")
     line = cli_error(capsys, "predict", tmp_path / "c", tmp_path / "new.txt", "--max-length", "600")
     assert "--max-length=600 is out of range: it must be an int in [3, 512]" in line
