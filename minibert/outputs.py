@@ -226,7 +226,9 @@ def check_paths(run) -> list[Path]:
             continue
         path = output_file(value, about.suffix or "", flag, about.formats)
         for each in [path, *(path.with_name(path.name[:-len(path.suffix)] + c) for c in about.companions)]:
-            check_output_file(each, reads, flag, overwrite)
+            # --overwrite replaces the file the user named; a file beside it (the index's .json) only if minibert
+            # wrote it: a file it cannot account for, and the user did not name, is never deleted
+            check_output_file(each, reads, flag, overwrite and each == path)
             real = each.expanduser().resolve()
             if real in written:
                 raise InputError(f"{flag} {str(value)!r} and {written[real]} name the same file ({real}); give each "

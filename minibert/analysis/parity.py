@@ -126,10 +126,22 @@ class ParityReport:
 Runner = Callable[[dict], tuple]
 
 
+# Each runs the batch where its model is and hands back CPU tensors: ``compare`` reads them beside the
+# batch's CPU mask (a model on a GPU is compared as one on the CPU).
+def _on(model, batch: dict) -> dict:
+    device = next(model.parameters()).device
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _cpu(tensors):
+    return None if tensors is None else tuple(t.cpu() for t in tensors)
+
+
 def minibert_runner(model) -> Runner:
     def run(batch):
-        out = model(**batch, output_attentions=True)
-        return out.hidden_states, out.attentions, out.pooler_output
+        out = model(**_on(model, batch), output_attentions=True)
+        pooled = out.pooler_output.cpu() if out.pooler_output is not None else None
+        return _cpu(out.hidden_states), _cpu(out.attentions), pooled
     return run
 
 
@@ -143,9 +155,10 @@ def fast_runner(fast_model) -> Runner:
 
 def transformers_runner(model) -> Runner:
     def run(batch):
-        out = model(**batch, output_hidden_states=True, output_attentions=True)
+        out = model(**_on(model, batch), output_hidden_states=True, output_attentions=True)
         attentions = out.attentions if out.attentions and out.attentions[0] is not None else None
-        return out.hidden_states, attentions, getattr(out, "pooler_output", None)
+        pooled = getattr(out, "pooler_output", None)
+        return _cpu(out.hidden_states), _cpu(attentions), pooled.cpu() if pooled is not None else None
     return run
 
 
@@ -246,9 +259,9 @@ def _max(t: torch.Tensor) -> float:
 
 
 def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", texts=None, atol=None,
-               tokenizer_source: str | None = None) -> ParityReport:
+               tokenizer_source: str | None = None, device=None) -> ParityReport:
     """The ``minibert parity`` command as a function: ``model`` vs transformers on the same checkpoint, or
-    ``model`` vs ``against``, both through minibert."""
+    ``model`` vs ``against``, both through minibert; both on ``device`` (None: the CPU; int8 is the CPU's)."""
     from ..names import parse_dtype
     from ..models import BertModel
     from ..tokenizer import BertTokenizer
@@ -275,11 +288,11 @@ def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", t
         return compare(fast_runner(fast.prepare(quantised)), fast_runner(fast.prepare(reference)), batches, atol=atol,
                        name_a=f"minibert int8 {model}", name_b=f"minibert fp32 {model}", dtype=dtype)
     torch_dtype = parse_dtype(dtype)
-    ours = BertModel.from_pretrained(model, dtype=torch_dtype)
+    ours = BertModel.from_pretrained(model, dtype=torch_dtype, device=device)
     if against is None:
-        reference = load_transformers(model, torch_dtype)
+        reference = load_transformers(model, torch_dtype).to(device or "cpu")
         return compare(minibert_runner(ours), transformers_runner(reference), batches, atol=atol,
                        name_a=f"minibert {model}", name_b=f"transformers {model}", dtype=dtype)
-    other = BertModel.from_pretrained(against, dtype=torch_dtype)
+    other = BertModel.from_pretrained(against, dtype=torch_dtype, device=device)
     return compare(minibert_runner(ours), minibert_runner(other), batches, atol=atol, name_a=model,
                    name_b=against, dtype=dtype)

@@ -218,13 +218,15 @@ def add_parity(sub) -> None:
 def cmd_parity(args) -> int:
     from ..analysis.parity import run_parity
 
+    device = check_device(args)  # --device with --dtype (int8 is the CPU's), before any work
     texts = None
     if args.texts:
         texts = [line for line in read_lines(args.texts) if line.strip()]
         if not texts:
             raise InputError(f"{args.texts} has no non-empty lines")
     json_path = output_file(args.json, ".json", "--json") if args.json else None
-    report = run_parity(args.model, against=args.against, dtype=args.dtype, texts=texts, atol=args.atol)
+    report = run_parity(args.model, against=args.against, dtype=args.dtype, texts=texts, atol=args.atol,
+                        device=device)
     print(report.table())
     if json_path:
         report.write_json(json_path)

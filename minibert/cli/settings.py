@@ -268,6 +268,7 @@ class ParityCommand:
                                 default_text="a built-in varied set")
     json: str | None = _json_file("the numbers")
     atol: float | None = setting(None, "tolerance", low=0.0, default_text="1e-5 fp32, 5e-3 fp16, 5e-2 bf16")
+    device: str | None = _device()
     overwrite: bool = _overwrite()
 
 

@@ -70,7 +70,7 @@ def test_parity_cli_on_minilm_passes(minilm_dir, capsys, tmp_path):
 
 def test_parity_cli_names_the_perturbed_block(minilm_dir, perturbed_dir, capsys, tmp_path):
     code = main(["parity", "--model", str(minilm_dir), "--against", str(perturbed_dir),
-                 "--json", str(tmp_path / "p.json")])
+                 "--json", str(tmp_path / "p.json"), "--device", "cpu"])  # --device: as every inference command
     text = capsys.readouterr().out
     assert code == 1, text
     assert "first layer over 1e-05: block 3" in text
@@ -230,3 +230,16 @@ def test_parity_without_transformers_says_so(minilm_dir, monkeypatch, capsys):
         main(["parity", "--model", str(minilm_dir)])
     assert e.value.code == 2
     assert "needs it installed" in capsys.readouterr().err
+
+
+def test_parity_checks_its_device_before_any_work(minilm_dir, capsys, tmp_path):
+    import torch
+
+    from conftest import cli_error
+
+    if not torch.cuda.is_available():
+        assert "sees no CUDA device" in cli_error(capsys, "parity", "--model", minilm_dir, "--device", "cuda",
+                                                  "--json", tmp_path / "p.json")
+    line = cli_error(capsys, "parity", "--model", minilm_dir, "--device", "cuda:0", "--dtype", "int8")
+    assert "int8" in line and "CPU only" in line
+    assert not (tmp_path / "p.json").exists()
