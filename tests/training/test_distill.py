@@ -115,10 +115,12 @@ def test_embedding_agreement_against_scipy():
 
 
 def test_embedding_distillation_moves_the_student_towards_the_teacher(minilm_dir, sentences_dir, tmp_path):
-    """MiniLM 6 -> 3 blocks on 256 real sentences (the full run: benchmarks/bench_distill.py)."""
+    """MiniLM 6 -> 3 blocks on 128 real sentences, 2 epochs (the full run: benchmarks/bench_distill.py): the
+    held-out Spearman went 0.467 -> 0.710 on EPYC Zen 4 (256 sentences: 0.731, at twice the time); the test
+    asks for +0.05."""
     teacher = BertModel.from_pretrained(minilm_dir, mlm_head=False).eval()
     tok = BertTokenizer.from_pretrained(minilm_dir)
-    texts = (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n")[:256]
+    texts = (sentences_dir / "train.txt").read_text(encoding="utf-8").split("\n")[:128]
     held = (sentences_dir / "held.txt").read_text(encoding="utf-8").split("\n")[:60]
     student = distill.init_student(teacher, [0, 2, 4]).train()
     teacher_weights = {k: v.clone() for k, v in teacher.state_dict().items()}
