@@ -486,6 +486,19 @@ def _read_lock(fd: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the run folder
+_HELD: list["RunFolder"] = []  # the run folders this process has claimed now (``account_for``)
+
+
+def account_for(path) -> None:
+    """After a checkpoint is written at ``path`` (the moment a run becomes resumable): the record of the run
+    folder this process holds around it lists every file the run has written so far, so that a run killed
+    later is still replaced whole by ``--overwrite`` (``unaccounted``). Outside a claimed folder: nothing."""
+    target = Path(path).resolve()
+    for folder in _HELD:
+        if target.is_relative_to(folder.real):
+            folder.account()
+
+
 class RunFolder:
     """An output folder a command writes one run into (see the module docstring for the rule).
 
@@ -620,6 +633,7 @@ class RunFolder:
         except BaseException:
             self._let_go(lock, created, wrote_record=not had_record)
             raise
+        _HELD.append(self)
         try:
             yield self
         except KeyboardInterrupt:
@@ -639,6 +653,8 @@ class RunFolder:
             if not finished_before:
                 self._write_record(status="finished", ended=True)
             lock.release()
+        finally:
+            _HELD.remove(self)
 
     def _hint(self) -> str | None:
         try:

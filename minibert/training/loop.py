@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ..outputs import account_for
 from . import ddp
 from .diagnostics import BlockGradients, watched_step
 from .settings import FitConfig  # noqa: F401  (the loop's settings; declared with the others, no torch there)
@@ -264,6 +265,7 @@ def fit(model: nn.Module, train_batches: Callable[[int], Iterable[dict]], *, con
             rng = rng_states(world)  # every process's, gathered
             if rank == 0:
                 state.save(out_dir / STATE_FILE, config.recorded(), rng, history=asdict(history))
+                account_for(out_dir / STATE_FILE)  # the run's record lists what it wrote (outputs.RunFolder)
     if out_dir is not None and rank == 0:
         (out_dir / STATE_FILE).unlink(missing_ok=True)  # finished: nothing to resume
     model.eval()

@@ -43,6 +43,7 @@ from torch import nn
 from ..analysis.timeline import snapshot_folder
 from ..errors import InputError
 from ..loading import copy_tokenizer
+from ..outputs import account_for
 from ..textfiles import atomic_dir, write_text_atomic
 from . import ddp
 from .diagnostics import BlockGradients, PlateauWatch, unigram_rate
@@ -138,6 +139,7 @@ def _save_checkpoint(out_dir: Path, state: TrainState, config: PretrainConfig, r
         state.save(tmp / STATE_FILE, config.recorded(), rng_states)
     for old in checkpoints(out_dir)[:-config.keep]:
         shutil.rmtree(old, ignore_errors=True)
+    account_for(folder)  # the run's record lists what it wrote: a kill from here on leaves it replaceable
     return folder
 
 

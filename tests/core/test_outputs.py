@@ -602,3 +602,29 @@ def test_task_modules_on_a_base_without_a_pooler_save_it_and_predict(finished, t
     head = task_head(BertModel.from_pretrained(base), out).eval()  # the Python route: the same pooler used
     trained = load_file(out / "adapter.safetensors")["task.pooler.weight"]
     assert torch.equal(head.bert.task_modules.tasks[head.task_name].pooler.weight.detach(), trained)
+
+
+def test_a_killed_run_is_replaced_whole_by_overwrite_and_a_file_added_later_stops_it(tmp_path):
+    """The record lists what the run wrote at each checkpoint (``account_for``): a run killed after one is
+    replaced by --overwrite; a file put there afterwards is the user's and stops it."""
+    from minibert.outputs import RunFolder
+
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        from minibert.outputs import RunFolder, account_for
+        with RunFolder({str(tmp_path / "run")!r}, command="pretrain").claim({{"a": 1}}) as run:
+            (run.real / "checkpoints").mkdir()
+            (run.real / "checkpoints" / "state.pt").write_bytes(b"x" * 10)
+            account_for(run.real / "checkpoints" / "state.pt")
+            os._exit(9)  # killed: nothing after this runs
+    """)
+    assert subprocess.run([sys.executable, "-c", script], timeout=120).returncode == 9
+    record = json.loads((tmp_path / "run" / ".minibert-run.json").read_text())
+    assert record["status"] == "running" and record["files"] == ["checkpoints/state.pt"]
+    (tmp_path / "run" / "mine.txt").write_text("notes")
+    with pytest.raises(InputError, match=r"1 file\(s\) its record does not account for \(mine.txt\)"):
+        RunFolder(tmp_path / "run", command="pretrain", overwrite=True)
+    (tmp_path / "run" / "mine.txt").unlink()
+    with RunFolder(tmp_path / "run", command="pretrain", overwrite=True).claim({"a": 2}) as run:
+        assert run.state == "overwrite" and not (run.real / "checkpoints").exists()
