@@ -445,7 +445,8 @@ def check_norm_placement(encoder, where: str, stacklevel: int) -> None:
         warnings.warn(f"a {placement} model (norm_placement={placement!r}, an ablation: minibert's models/norms.py) "
                       "is read back as itself by minibert only: its config.json says model_type "
                       f"{NORM_MODEL_TYPES[placement]!r}, which transformers' Auto classes refuse and its BertModel "
-                      "warns of (BERT is post-LN: it would compute something else)", stacklevel=stacklevel)  # one text: said once a process
+                      "warns of (BERT is post-LN: it would compute something else)",
+                      stacklevel=stacklevel)  # one text: said once a process
 
 
 # ----------------------------------------------------------------------------------------- saving

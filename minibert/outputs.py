@@ -312,8 +312,8 @@ def unaccounted(folder) -> list[str]:
         if rel in known:
             continue
         parts = rel.split("/")
-        sub = next((Path(*parts[:i]) for i in range(1, len(parts)) if (folder / Path(*parts[:i]) / RECORD_FILE).is_file()),
-                   None)
+        sub = next((Path(*parts[:i]) for i in range(1, len(parts))
+                    if (folder / Path(*parts[:i]) / RECORD_FILE).is_file()), None)
         if sub is None:
             out.append(rel)
         elif sub not in own:
@@ -537,8 +537,8 @@ class RunFolder:
     def _decide(self) -> str:
         lock = self.real / LOCK_FILE
         if lock.is_symlink() or (lock.exists() and not lock.is_file()):
-            raise InputError(f"{self.what} {self.shown!r}: {lock} is not a file, so it is not minibert's lock (which is a "
-                             "file it writes): move it away, or choose another folder")
+            raise InputError(f"{self.what} {self.shown!r}: {lock} is not a file, so it is not minibert's lock (which "
+                             "is a file it writes): move it away, or choose another folder")
         names = contents(self.real)
         record = read_record(self.real)
         holder = held_by(self.real)

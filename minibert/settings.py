@@ -45,7 +45,6 @@ class Setting:
     negate: bool = False  # a bool field whose flag turns it off (``progress`` <- ``--quiet``)
     nargs: str | None = None  # a tuple field given as several words ("+": one or more) instead of commas
     positional: bool = False  # the command line gives it by position (``minibert embed TEXTS``), not by a flag
-    short: str | None = None  # a one-letter spelling beside the flag (``-k``)
     finite: bool = True  # a float must be finite (nan and inf are refused) unless infinity means something here
     #: what a path setting names, so that one rule (``outputs.check_paths``) keeps every written path off every
     #: read one: "model" (a model or run folder read -- the whole folder is protected), "read" (a data file or
@@ -155,7 +154,8 @@ def check_value(name: str, value, kind, about: Setting):
             raise InputError(f"{name}={value!r} must be a number")
         value = float(value)
         if about.finite and not math.isfinite(value):
-            raise InputError(f"{name}={value!r} must be a finite number{' ' + _bounds_text(about) if _bounds_text(about) else ''}")
+            bounds = _bounds_text(about)
+            raise InputError(f"{name}={value!r} must be a finite number{' ' + bounds if bounds else ''}")
     if base is tuple:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise InputError(f"{name}={value!r} must be a list or tuple")
@@ -189,8 +189,7 @@ def check(run) -> None:
 def number_type(kind: type, *, low=None, high=None, below=None, strict: bool = False, finite: bool = True):
     """An argparse ``type`` for an int or float option with these bounds (as ``setting`` takes them): a
     value out of them is refused by argparse, "must be in [0, 1), got 1.5"; nan and inf too, unless
-    ``finite=False``. The commands' shared options (``cli.common``) and every described field use it, so one
-    bound reads the same everywhere."""
+    ``finite=False``. Every described field's option uses it, so one bound reads the same everywhere."""
     about = Setting("", low=low, high=high, below=below, strict=strict)
 
     def parse(text: str):
@@ -298,7 +297,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...]
                 options["choices"] = about.choices
             parser.add_argument(field.name, **options)
             continue
-        names = ([about.short] if about.short else []) + [flag_of(field, about)]
+        names = [flag_of(field, about)]
         if base is bool:
             parser.add_argument(*names, dest=field.name, action=_StoreFalse if about.negate else _StoreTrue,
                                 default=field.default, help=help_text(field, about))

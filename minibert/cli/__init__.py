@@ -30,7 +30,8 @@ A new command: its settings dataclass (every path field saying what it is: ``pat
 ``"run"`` or ``"file"``), an ``add_<name>(sub)`` calling ``common.add_command`` and ``cmd_<name>(run)`` right
 below it, taking the checked dataclass and calling library functions; list ``add_<name>`` in its module's
 ``COMMANDS``. ``main`` checks every declared path before the handler runs (``outputs.check_paths``) and
-records the files it wrote (``outputs.note_written``). ``parity`` exits 1 when a layer differs by more than the tolerance.
+records the files it wrote (``outputs.note_written``). ``parity`` exits 1 when a layer differs by more than
+the tolerance.
 
 Errors about what the user gave -- files, models, checkpoints, options, inputs -- are printed as one line
 (``minibert: error: ...``), exit code 2; anything else is a bug and keeps its traceback. Output cut short

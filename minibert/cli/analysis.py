@@ -19,7 +19,8 @@ from .settings import (FillCommand, InspectCommand, LayersCommand, MapCommand, P
 
 # ------------------------------------------------------------------------------------------- layers
 def add_layers(sub) -> None:
-    add_command(sub, "layers", LayersCommand, cmd_layers, "per-layer table (norms, similarity) and a CKA heatmap for one text")
+    add_command(sub, "layers", LayersCommand, cmd_layers,
+                "per-layer table (norms, similarity) and a CKA heatmap for one text")
 
 
 def cmd_layers(args) -> int:
@@ -59,7 +60,8 @@ def cmd_layers(args) -> int:
 
 # -------------------------------------------------------------------------------------------- probe
 def add_probe(sub) -> None:
-    add_command(sub, "probe", ProbeCommand, cmd_probe, "train a linear probe per layer on word labels from a CoNLL-U file")
+    add_command(sub, "probe", ProbeCommand, cmd_probe,
+                "train a linear probe per layer on word labels from a CoNLL-U file")
 
 
 def cmd_probe(args) -> int:
@@ -72,7 +74,8 @@ def cmd_probe(args) -> int:
     model, tokenizer = load(args.model, dtype=args.dtype, device=args.device)
     result = probe_model(model, tokenizer, data, pool=args.word_pool, batch_size=args.batch_size, seed=args.seed,
                          progress=not args.quiet)
-    print(f"probing {args.column} in {args.data} ({len(data)} sentences) with {args.model}, word pool={args.word_pool}, "
+    print(f"probing {args.column} in {args.data} ({len(data)} sentences) with {args.model}, "
+          f"word pool={args.word_pool}, "
           f"seed={args.seed}")
     print(result.table())
     if args.plot:
@@ -84,7 +87,9 @@ def cmd_probe(args) -> int:
 
 # ---------------------------------------------------------------------------------- probe-over-time
 def add_probe_over_time(sub) -> None:
-    add_command(sub, "probe-over-time", ProbeOverTimeCommand, cmd_probe_over_time, "probe every layer of every snapshot of a pre-training run (minibert pretrain --snapshots N): when does each layer learn, which layers settle first")
+    add_command(sub, "probe-over-time", ProbeOverTimeCommand, cmd_probe_over_time,
+                "probe every layer of every snapshot of a pre-training run (minibert pretrain --snapshots N): "
+                "when does each layer learn, which layers settle first")
 
 
 def cmd_probe_over_time(args) -> int:
@@ -113,7 +118,8 @@ def cmd_probe_over_time(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- map
 def add_map(sub) -> None:
-    add_command(sub, "map", MapCommand, cmd_map, "2-D maps of word, sentence or word-occurrence vectors, one panel per layer")
+    add_command(sub, "map", MapCommand, cmd_map,
+                "2-D maps of word, sentence or word-occurrence vectors, one panel per layer")
 
 
 def cmd_map(args) -> int:
@@ -183,7 +189,8 @@ def cmd_map(args) -> int:
 
 # --------------------------------------------------------------------------------------------- fill
 def add_fill(sub) -> None:
-    add_command(sub, "fill", FillCommand, cmd_fill, "predict [MASK] tokens with the masked-LM head (and the logit lens)")
+    add_command(sub, "fill", FillCommand, cmd_fill,
+                "predict [MASK] tokens with the masked-LM head (and the logit lens)")
 
 
 def cmd_fill(args) -> int:
@@ -212,7 +219,8 @@ def cmd_fill(args) -> int:
 
 # ------------------------------------------------------------------------------------------- parity
 def add_parity(sub) -> None:
-    add_command(sub, "parity", ParityCommand, cmd_parity, "per-layer differences: minibert vs transformers, or two checkpoints")
+    add_command(sub, "parity", ParityCommand, cmd_parity,
+                "per-layer differences: minibert vs transformers, or two checkpoints")
 
 
 def cmd_parity(args) -> int:
@@ -236,7 +244,8 @@ def cmd_parity(args) -> int:
 
 # ------------------------------------------------------------------------------------------ inspect
 def add_inspect(sub) -> None:
-    add_command(sub, "inspect", InspectCommand, cmd_inspect, "parameters per component, FLOPs per token, activation memory")
+    add_command(sub, "inspect", InspectCommand, cmd_inspect,
+                "parameters per component, FLOPs per token, activation memory")
 
 
 def cmd_inspect(args) -> int:

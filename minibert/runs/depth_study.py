@@ -129,8 +129,8 @@ def run_study(corpus: Sequence, out_dir, *, vocab, eval_texts, config: DepthStud
     from ..training.pretrain_data import TokenStore
 
     files, eval_files = _checked_inputs(config, corpus, eval_texts, conllu, task_train, task_eval, device)
-    folder = RunFolder(out_dir, command="depth-study", reads=_reads(vocab, files, eval_texts, conllu, task_train, task_eval),
-                       overwrite=overwrite, resumable=False, continues=_holds_study)
+    folder = RunFolder(out_dir, command="depth-study", overwrite=overwrite, resumable=False, continues=_holds_study,
+                       reads=_reads(vocab, files, eval_texts, conllu, task_train, task_eval))
     out_dir = folder.path
     tokenizer = BertTokenizer.from_pretrained(vocab)
     probe_data = read_conllu(conllu)[: config.probe_sentences] if conllu is not None else None
@@ -504,7 +504,8 @@ def cut_vs_grown(out_dir, corpus: Sequence, *, vocab, eval_texts, conllu=None, t
     config = study_config(results)
     inputs = study_inputs(files, vocab, eval_files, conllu, task_train, task_eval)
     _compare_study(results, {"config": results["config"], "inputs": inputs}, path)  # the same corpus, vocab, held-out
-    folder = RunFolder(out_dir, command="depth-study", reads=_reads(vocab, files, eval_texts, conllu, task_train, task_eval),
+    reads = _reads(vocab, files, eval_texts, conllu, task_train, task_eval)
+    folder = RunFolder(out_dir, command="depth-study", reads=reads,
                        resumable=False, continues=_holds_study)
     study = _OpenStudy(out_dir, path, results, config, inputs, files, vocab, eval_texts)
     with folder.claim({"config": results["config"]}), _known_warnings():

@@ -340,7 +340,8 @@ class PretrainRun(PretrainConfig):
                              "held-out text would never be evaluated")
         default_plateau = next(f.default for f in fields(PretrainConfig) if f.name == "plateau_step")
         if self.plateau_step != default_plateau and self.eval_texts is None:
-            raise InputError("--plateau-step reads the held-out masked accuracy: it needs --eval-texts and --eval-every")
+            raise InputError("--plateau-step reads the held-out masked accuracy: it needs --eval-texts and "
+                             "--eval-every")
         if self.teacher is None:
             if self.temperature is not None or self.alpha is not None:
                 raise InputError("--temperature and --alpha go with --teacher (distillation while pre-training)")

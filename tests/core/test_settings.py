@@ -107,7 +107,7 @@ def _declared_as_documented(command, cls):
     section = reference.split(f"## minibert {command}\n")[1].split("\n## ")[0]
     for name, (field, about) in fields.items():
         action = options[name]
-        expected = [] if about.positional else [*([about.short] if about.short else []), settings.flag_of(field, about)]
+        expected = [] if about.positional else [settings.flag_of(field, about)]
         assert action.option_strings == expected, name
         if field.default is not dataclasses.MISSING and not isinstance(field.default, bool):
             assert action.default == field.default, name
