@@ -182,8 +182,8 @@ INDEX_FORMAT = 1
 
 def index_record(corpus, lines: int, encoder, dtype: str | None = None) -> dict:
     """What a search index is made from: any difference means its vectors are not this corpus' under this
-    model and settings. ``dtype``: what the model was loaded as (--dtype; int8 keeps float parameters beside
-    its quantised layers, so it is recorded as asked), else its parameters' dtype."""
+    model and settings. ``dtype``: "int8" for a quantised model (it keeps float parameters beside its int8
+    layers, so its parameters' dtype would say float32), else None: its parameters' dtype."""
     from ..tools.fingerprint import file_sha256, weights_fingerprint
 
     settings = encoder.settings()
@@ -230,8 +230,7 @@ def cmd_search(args) -> int:
     if args.max_length is not None:
         encoder.max_seq_length = check_max_length("--max-length", args.max_length,
                                                   model_limit(encoder.model.config, encoder.tokenizer))
-    record = index_record(args.corpus, len(lines), encoder, {"fp32": "float32", "bf16": "bfloat16",
-                                                             "fp16": "float16"}.get(args.dtype, args.dtype))
+    record = index_record(args.corpus, len(lines), encoder, "int8" if args.dtype == "int8" else None)
     dims = encoder.get_sentence_embedding_dimension()
     matrix = None
     if index is not None and index.exists():

@@ -178,6 +178,15 @@ def test_row_2_a_search_index_never_replaces_what_is_not_its_own(model, tmp_path
     assert "which CORPUS reads" in cli_error(capsys, "search", corp, "good", "--model", model, "--index", corp)
     assert snapshot(tmp_path) == {**before, "settings.json": b'{"mine": 1}', "userarr.npy": b"\x93NUMPY mine",
                                   "corp.npy": corpus.read_bytes()}
+    from minibert.cli import main  # an int8 index says so (it recorded "float32"), and is rebuilt for fp32
+
+    index = tmp_path / "idx"
+    assert main(["search", str(corpus), "good", "--model", str(model), "--index", str(index), "--dtype", "int8",
+                 "--quiet"]) == 0
+    assert json.loads((tmp_path / "idx.json").read_text())["dtype"] == "int8"
+    capsys.readouterr()
+    assert main(["search", str(corpus), "good", "--model", str(model), "--index", str(index), "--quiet"]) == 0
+    assert "dtype was 'int8', now 'float32'" in capsys.readouterr().err  # its own files: replaced unasked
 
 
 def test_row_5_embed_never_writes_over_its_input_or_a_users_file(model, tmp_path, capsys):
