@@ -16,6 +16,7 @@ from typing import Sequence
 from ..checks import check_max_length, model_limit
 from ..errors import InputError
 from ..inputs import check_index
+from ..hardware import training_device
 from ..outputs import reads_of
 from ..loading import copy_tokenizer
 from ..models import BertModel
@@ -66,6 +67,7 @@ def distill_corpus(run: DistillRun) -> CorpusRun:
 
     ``run.out`` follows the output-folder rule (``outputs.RunFolder``; ``resume``, ``overwrite``)."""
     run.check()
+    where = training_device(run.device)  # before any work
     student_dropout = 0.0 if run.student_dropout is None else run.student_dropout
     folder = run_folder(run.out, "distill", reads=reads_of(run), config=run, overwrite=run.overwrite)
     out_dir = folder.path
@@ -76,6 +78,7 @@ def distill_corpus(run: DistillRun) -> CorpusRun:
     if run.max_length is not None:
         check_max_length("--max-length", run.max_length, model_limit(teacher.config, tokenizer))
     blocks = run.blocks() or default_blocks(teacher.config.num_hidden_layers)
+    teacher.to(where)  # loaded here, so moved in place; the student is cut from it there
     student = init_student(teacher, blocks).train()
     if run.freeze_embeddings:
         freeze(student, embeddings=True)
@@ -205,6 +208,7 @@ def distill_task(run: DistillRun) -> tuple[History, dict]:
     ``distill_embeddings``; None (here the default) keeps the student's own dropout, which regularises a
     classifier trained on few labels."""
     run.check()
+    where = training_device(run.device)  # before any work
     task = run.task or "classify"
     config = dataclasses.replace(base_of(run, FitConfig), lr=run.learning_rate())
     temperature = 2.0 if run.temperature is None else run.temperature
@@ -214,7 +218,7 @@ def distill_task(run: DistillRun) -> tuple[History, dict]:
                         config=config, overwrite=run.overwrite)
     out_dir = folder.path
     cls = BertForSequenceClassification if task == "classify" else BertForTokenClassification
-    teacher = cls.from_pretrained(teacher_source).eval()
+    teacher = cls.from_pretrained(teacher_source, device=where).eval()
     tokenizer = BertTokenizer.from_pretrained(teacher_source)
     student_blocks = run.blocks()
     student = init_student(teacher, student_blocks).train()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ..hardware import training_device
 from ..outputs import reads_of
 from ..loading import copy_tokenizer
 from ..models.heads import BertForSequenceClassification
@@ -28,13 +29,14 @@ def train_exits(run: ExitsRun) -> str:
     written to ``run.out`` (the output-folder rule: ``outputs.RunFolder``; ``resume``, ``overwrite``).
     Returns the curve as a markdown table."""
     run.check()
+    where = training_device(run.device)  # before any work
     config = dataclasses.replace(base_of(run, FitConfig), lr=run.learning_rate())
     max_length = run.max_length
     folder = run_folder(run.out, "exits", reads=reads_of(run), config=config, overwrite=run.overwrite)
     out_dir = folder.path
     model = BertForSequenceClassification.from_pretrained(run.model)
     tokenizer = BertTokenizer.from_pretrained(run.model)
-    ee = EarlyExit(model, frozen=not run.joint)
+    ee = EarlyExit(model, frozen=not run.joint).to(where)  # the exits are made beside the model, then moved
     data = read_task_data("classify", run.train, run.eval, text_column=run.text_column, label_column=run.label_column)
     check_labels(model.config.label2id, data.labels("train") + data.labels("held"), "the data",
                  f"{run.model} does not predict")
@@ -63,7 +65,7 @@ def train_exits(run: ExitsRun) -> str:
             return table
         history = fit(ee, batches, config=config, evaluate=evaluate, metric="mean_exit_accuracy", out_dir=out_dir,
                       on_epoch_end=report)
-        best = EarlyExit.from_pretrained(out_dir)
+        best = EarlyExit.from_pretrained(out_dir).to(where)
         copy_tokenizer(run.model, out_dir)
         rows = exit_curve(best, tokenizer, held.texts, held.labels, rounds=run.rounds, max_length=max_length)
         write_text_atomic(out_dir / "exits.json", json.dumps({

@@ -172,6 +172,7 @@ class ExitsRun(FitConfig):
     rounds: int = setting(5, "timing rounds for the speed column: every rule warmed up, then called in alternation "
                           "this many times; the median and quartiles are printed", low=1)
     overwrite: bool = _overwrite()
+    device: str | None = setting(None, "where to train and measure: cpu (default), cuda or cuda:N")
     progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
 
     def learning_rate(self) -> float:
@@ -230,6 +231,7 @@ class DistillRun(EmbeddingDistillConfig):
     lr: float | None = setting(None, "learning rate", **LR_BOUNDS,
                                default_text="5e-4 embeddings, 5e-5 task")
     overwrite: bool = _overwrite()
+    device: str | None = setting(None, "where the teacher and the student run: cpu (default), cuda or cuda:N")
     progress: bool = setting(True, "no progress bar or epoch lines", flag="--quiet", negate=True)
     bf16: bool = setting(False, "the student trains under bf16 autocast (fp32 master weights; the teacher stays fp32)")
 

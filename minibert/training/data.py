@@ -107,10 +107,11 @@ def tag_words(model, tokenizer, sentences: Sequence[Sequence[str]], *, batch_siz
     texts, spans = zip(*(word_spans(list(s)) for s in sentences)) if len(sentences) else ((), ())
     out = [None] * len(texts)
     model.eval()
+    device = next(model.parameters()).device  # the model runs where it is; the offsets are read on the CPU
     with torch.inference_mode():
         for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length, offsets=True):
             offsets = batch.pop("offset_mapping")
-            best = model(**batch).logits.argmax(-1)  # (B, T)
+            best = model(**{k: v.to(device) for k, v in batch.items()}).logits.argmax(-1).cpu()  # (B, T)
             for r, i in enumerate(rows):
                 pieces = assign_pieces(offsets[r], batch["attention_mask"][r], spans[i])
                 out[i] = [names[int(best[r, p[0]])] if p else "O" for p in pieces]

@@ -156,7 +156,7 @@ class EarlyExit(nn.Module):
             if self.frozen:
                 loss = losses[:-1].mean()
             else:
-                weights = torch.arange(1, len(losses) + 1, dtype=losses.dtype)
+                weights = torch.arange(1, len(losses) + 1, dtype=losses.dtype, device=losses.device)
                 loss = (weights * losses).sum() / weights.sum()
         return ExitOutput(logits, loss)
 
@@ -184,7 +184,8 @@ class EarlyExit(nn.Module):
             previous = torch.full((B,), -1)
             for i in range(N):
                 steps.run_block(i)
-                z = self.exit_logits(i, steps.first_tokens(), steps.mean_tokens()).float()  # (rows left, C)
+                # (rows left, C), on the CPU: the bookkeeping below (rows, streaks) is the CPU's, a few numbers a block
+                z = self.exit_logits(i, steps.first_tokens(), steps.mean_tokens()).float().cpu()
                 rows = steps.rows
                 if entropy is not None:
                     p = z.softmax(-1)
@@ -211,7 +212,8 @@ class EarlyExit(nn.Module):
         """Labels and exit blocks for ``texts`` (batched in length order, results in input order)."""
         names = [self.config.id2label[i] for i in range(self.config.num_labels)]
         labels, exits = [None] * len(texts), [None] * len(texts)
-        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length):
+        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length,
+                                        device=self.model.bert.device):
             out = self.predict_batch(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
                                      entropy=entropy, patience=patience)
             for i, z, e in zip(rows, out.logits, out.exits.tolist()):
@@ -259,8 +261,9 @@ def exit_accuracies(ee: EarlyExit, tokenizer, texts, labels, *, batch_size: int 
     was_training = ee.training
     ee.eval()
     with torch.no_grad():
-        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length):
-            guesses = ee(**batch).logits.argmax(-1)  # (N, B)
+        for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length,
+                                        device=ee.model.bert.device):
+            guesses = ee(**batch).logits.argmax(-1).cpu()  # (N, B)
             gold = torch.tensor([names.index(str(labels[i])) for i in rows])
             correct += (guesses == gold).sum(1)
     ee.train(was_training)
@@ -288,7 +291,8 @@ def exit_curve(ee: EarlyExit, tokenizer, texts, labels, *, entropies=None, patie
     def full():
         out = [None] * len(texts)
         with torch.inference_mode():
-            for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length):
+            for rows, batch in text_batches(tokenizer, texts, batch_size=batch_size, max_length=max_length,
+                                            device=model.bert.device):
                 logits = model.classifier(run(**batch).pooler_output)
                 for i, z in zip(rows, logits):
                     out[i] = names[int(z.argmax())]

@@ -15,6 +15,7 @@ import torch
 from conftest import cli_error, toy, usage_error
 from minibert import BertForSequenceClassification, BertModel, InputError
 from minibert.runs import distill as distill_pipeline
+from minibert.cli import main
 from minibert.runs.settings import DistillRun
 from minibert.training import distill
 
@@ -161,3 +162,40 @@ def test_a_student_keeps_its_sentence_transformers_teachers_settings(tiny_encode
                                                      student_blocks=[0, 3], k=3, epochs=1, lr=1e-3, progress=False))
     assert (run.pooling, run.normalize, run.sentence_folder) == ("mean", False, False)
     assert not (tmp_path / "plain" / "modules.json").exists()
+
+
+def test_distill_takes_a_device_checked_before_any_work(tiny_encoder_dir, tiny_teacher_dir, tmp_path, capsys):
+    """``--device`` (issue 61), both modes: on the CPU the same student as without the option, bit for bit; a
+    device this machine lacks is refused before any folder is made."""
+    from safetensors.torch import load_file
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence number {i} is about the bank" for i in range(50)) + "\n")
+    texts, labels = toy(24, seed=2)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    modes = {"emb": ["--teacher", str(tiny_encoder_dir), "--texts", str(corpus), "--student-blocks", "1,3"],
+             "task": ["--teacher", str(tiny_teacher_dir), "--train", str(data), "--eval", str(data)]}
+    for name, argv in modes.items():
+        common = ["distill", *argv, "--epochs", "1", "--quiet"]
+        assert main([*common, "--out", str(tmp_path / f"{name}-plain")]) == 0
+        assert main([*common, "--out", str(tmp_path / f"{name}-cpu"), "--device", "cpu"]) == 0
+        a, b = (load_file(tmp_path / f"{name}-{kind}" / "model.safetensors") for kind in ("plain", "cpu"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        if not torch.cuda.is_available():
+            line = cli_error(capsys, *common, "--out", tmp_path / f"{name}-gpu", "--device", "cuda")
+            assert "sees no CUDA device" in line and not (tmp_path / f"{name}-gpu").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on a GPU machine)")
+def test_distill_runs_on_a_gpu_in_both_modes(tiny_encoder_dir, tiny_teacher_dir, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence number {i} is about the bank" for i in range(50)) + "\n")
+    texts, labels = toy(24, seed=2)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    for name, argv in {"emb": ["--teacher", str(tiny_encoder_dir), "--texts", str(corpus), "--cache-teacher"],
+                       "task": ["--teacher", str(tiny_teacher_dir), "--train", str(data), "--eval", str(data)]}.items():
+        assert main(["distill", *argv, "--epochs", "1", "--quiet", "--device", "cuda",
+                     "--out", str(tmp_path / name)]) == 0
+        assert BertModel.from_pretrained(tmp_path / name).config.num_hidden_layers == 2

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import toy
 from minibert import BertForSequenceClassification, BertTokenizer, InputError
@@ -60,3 +61,39 @@ def test_exit_speeds_are_warmed_up_alternating_medians_with_their_spread(tiny_te
     assert "speed-up vs full model (quartiles)" in depth.curve_table(rows)
     with pytest.raises(InputError, match="rounds must be a positive integer"):
         depth.exit_curve(ee, tok, texts, labels, rounds=0)
+
+
+def test_exits_take_a_device_checked_before_any_work(tiny_teacher_dir, tmp_path, capsys):
+    """``--device`` (issue 61): the exits train and are measured where it says; the CPU run equals one without
+    the option, bit for bit; a device this machine lacks is refused before any folder is made."""
+    from conftest import cli_error
+    from minibert.cli import main
+
+    texts, labels = toy(24, seed=5)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    common = ["exits", "--model", str(tiny_teacher_dir), "--train", str(data), "--eval", str(data), "--epochs", "1",
+              "--rounds", "1", "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*common, "--out", str(tmp_path / "cpu"), "--device", "cpu"]) == 0
+    a, b = (json.loads((tmp_path / name / "exits.json").read_text()) for name in ("plain", "cpu"))
+    assert a["exit_accuracy"] == b["exit_accuracy"]
+    if not torch.cuda.is_available():
+        assert "sees no CUDA device" in cli_error(capsys, *common, "--out", tmp_path / "gpu", "--device", "cuda")
+        assert not (tmp_path / "gpu").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on a GPU machine)")
+def test_exits_train_and_measure_on_a_gpu(tiny_teacher_dir, tmp_path):
+    from minibert.cli import main
+
+    texts, labels = toy(24, seed=5)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "\n".join(f"{t},{y}" for t, y in zip(texts, labels)) + "\n")
+    common = ["exits", "--model", str(tiny_teacher_dir), "--train", str(data), "--eval", str(data), "--epochs", "1",
+              "--rounds", "1", "--quiet", "--joint"]
+    assert main([*common, "--out", str(tmp_path / "cpu")]) == 0
+    assert main([*common, "--out", str(tmp_path / "gpu"), "--device", "cuda"]) == 0
+    a, b = (json.loads((tmp_path / name / "exits.json").read_text()) for name in ("cpu", "gpu"))
+    assert len(b["exit_accuracy"]) == len(a["exit_accuracy"]) and all(0 <= x <= 1 for x in b["exit_accuracy"])
+    assert {r["rule"] for r in b["curve"]} == {r["rule"] for r in a["curve"]}
