@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from .errors import InputError
-from .textfiles import _exchange, output_dir, output_file, write_text_atomic
+from .textfiles import _exchange, file_sha256, output_dir, output_file, write_text_atomic
 
 LOCK_FILE = ".minibert.lock"
 RECORD_FILE = ".minibert-run.json"
@@ -128,16 +128,6 @@ def check_not_reading(out, reads: Mapping[str, object], what: str = "--out") -> 
 
 
 # ------------------------------------------------------------------------------- files minibert wrote
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _files_record(folder: Path) -> dict:
     try:
         data = json.loads((folder / FILES_RECORD).read_text(encoding="utf-8"))
@@ -154,7 +144,7 @@ def written_by_minibert(path) -> dict | None:
     entry = _files_record(path.parent).get(path.name)
     if not isinstance(entry, dict) or path.is_symlink() or not path.is_file():
         return None
-    if entry.get("size") != path.stat().st_size or entry.get("sha256") != _sha256(path):
+    if entry.get("size") != path.stat().st_size or entry.get("sha256") != file_sha256(path):
         return None
     return entry
 
@@ -167,7 +157,7 @@ def note_written(path, command: str) -> None:
         return
     folder = path.parent
     files = {name: entry for name, entry in _files_record(folder).items() if (folder / name).is_file()}
-    files[path.name] = {"command": command, "size": path.stat().st_size, "sha256": _sha256(path),
+    files[path.name] = {"command": command, "size": path.stat().st_size, "sha256": file_sha256(path),
                         "written": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_text_atomic(folder / FILES_RECORD, json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
 
@@ -255,7 +245,7 @@ def fingerprint_reads(reads: Mapping[str, object]) -> dict[str, dict]:
             files = [path]
         for f in files:
             if str(f) not in found:
-                found[str(f)] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+                found[str(f)] = {"size": f.stat().st_size, "sha256": file_sha256(f)}
     return found
 
 
@@ -663,11 +653,16 @@ class RunFolder:
             return None
 
     def _write_record(self, status: str, ended: bool = False) -> None:
-        """The run record, with the files the run has written so far (what ``--overwrite`` may replace)."""
         self.record = {**(self.record or {}), "status": status, "pid": os.getpid(), "host": socket.gethostname(),
-                       "process_start": _process_start(os.getpid()), "files": _files_under(self.real)}
+                       "process_start": _process_start(os.getpid())}
         if ended:
             self.record["ended"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._save_record()
+
+    def _save_record(self) -> None:
+        """The run record, written with the files the run has written so far (what ``--overwrite`` may
+        replace: ``unaccounted``)."""
+        self.record["files"] = _files_under(self.real)
         write_text_atomic(self.real / RECORD_FILE, json.dumps(self.record, indent=2) + "\n")
 
     def _let_go(self, lock: Lock | None, created: bool, wrote_record: bool = False) -> None:
@@ -719,15 +714,13 @@ class RunFolder:
         if not self.writer or self.record is None:
             return
         self.record.setdefault("summary", {}).update(json.loads(json.dumps(values, default=str)))
-        self.record["files"] = _files_under(self.real)
-        write_text_atomic(self.real / RECORD_FILE, json.dumps(self.record, indent=2) + "\n")
+        self._save_record()
 
     def account(self) -> None:
         """Write the record again with the files the run has written so far (after a checkpoint): a run killed
         later can still be replaced by ``--overwrite``, every file accounted for."""
         if self.writer and self.record is not None:
-            self.record["files"] = _files_under(self.real)
-            write_text_atomic(self.real / RECORD_FILE, json.dumps(self.record, indent=2) + "\n")
+            self._save_record()
 
 
 def _differences(saved: dict, now: dict) -> list[str]:

@@ -2,8 +2,8 @@
 (``read_conllu``: words and one label column per sentence), JSON (``read_json``, with ``field`` to take
 one typed value out of it), a path named inside a folder's files (``inside``), the check of a file about
 to be read (``input_file``) or written (``output_file``, ``output_dir``) and writes a killed process cannot leave half done
-(``atomic_file``, ``atomic_dir``). Each names the file (and the line or field) when it is not what it
-must be (``InputError``)."""
+(``atomic_file``, ``atomic_dir``), a file's sha256 (``file_sha256``). Each names the file (and the line or
+field) when it is not what it must be (``InputError``)."""
 
 from __future__ import annotations
 
@@ -124,6 +124,18 @@ def inside(folder, name, where: str) -> Path:
         raise InputError(f"{where}: the path {name!r} leads outside {folder} (to {resolved}); paths in a model "
                          "folder's files must stay inside it")
     return target
+
+
+def file_sha256(path, chunk: int = 1 << 20) -> str:
+    """sha256 (hex) of a file's bytes, read in 1 MB chunks: what a cache, a run's record of its inputs and
+    the record of the files minibert wrote compare."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def read_lines(path) -> list[str]:

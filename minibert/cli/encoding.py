@@ -184,7 +184,8 @@ def index_record(corpus, lines: int, encoder, dtype: str | None = None) -> dict:
     """What a search index is made from: any difference means its vectors are not this corpus' under this
     model and settings. ``dtype``: "int8" for a quantised model (it keeps float parameters beside its int8
     layers, so its parameters' dtype would say float32), else None: its parameters' dtype."""
-    from ..tools.fingerprint import file_sha256, weights_fingerprint
+    from ..textfiles import file_sha256
+    from ..tools.fingerprint import weights_fingerprint
 
     settings = encoder.settings()
     return {"format": INDEX_FORMAT, "corpus_sha256": file_sha256(corpus), "lines": lines,

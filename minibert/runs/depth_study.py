@@ -259,10 +259,10 @@ def _twin(runs: list, k: int):
 
 
 def study_inputs(files, vocab, eval_files, conllu, task_train, task_eval) -> dict:
-    """What a study was measured on: each file's path and sha256 (``tools.fingerprint.file_sha256``), the
+    """What a study was measured on: each file's path and sha256 (``textfiles.file_sha256``), the
     vocabulary's hash; None for a measure not asked for."""
     from ..tokenizer import BertTokenizer
-    from ..tools.fingerprint import file_sha256
+    from ..textfiles import file_sha256
     from ..training.pretrain_data import vocabulary_hash
 
     def entry(path):

@@ -34,7 +34,7 @@ from ..models.heads import BertForSequenceClassification, BertForTokenClassifica
 from ..tokenizer import BertTokenizer
 from ..training import ddp
 from ..training.depth import LayerDrop
-from ..training.adapters import add_adapter, save_adapter
+from ..training.adapters import add_adapter, save_adapter, size_limits
 from ..training.lora import apply_lora
 from ..training.lora import merge_lora as merged_lora
 from ..settings import base_of
@@ -135,13 +135,8 @@ def _checked(run: FinetuneRun):
                   "prefix": {"kind": "prefix", "prefix_length": options.get("prefix_length"), "pooler": True},
                   "adapter": {"kind": options.get("adapter_kind"), "bottleneck": options.get("adapter_size")}}[run.recipe]
         sizes = {k: v for k, v in module.items() if k in ("bottleneck", "prefix_length", "r")}
-        try:
-            check_sizes(base_config, **sizes)  # the merged LoRA's rank too
-        except InputError as e:  # said in the options' names (the function speaks Python's)
-            flags = {"bottleneck=": "--adapter-size=", "prefix_length=": "--prefix-length=", "r=": "--lora-rank="}
-            text = str(e)
-            raise InputError(next((flag + text[len(name):] for name, flag in flags.items() if text.startswith(name)),
-                                  text)) from None
+        check_sizes(base_config, **sizes,  # the merged LoRA's rank too; said in the options' names
+                    names={key: "--" + option.replace("_", "-") for option, key in SIZE_OPTIONS.items()})
         check_module_cost(base_config, module["kind"], what=f"--recipe {run.recipe}", batch_size=run.batch_size * world,
                           max_length=run.max_length, targets=max(1, len(module.get("targets", ()))), **sizes)
         if options.get("merge_lora"):
@@ -149,16 +144,21 @@ def _checked(run: FinetuneRun):
     return options, module, where, world, folder
 
 
+#: the recipes' size options and the task-module size each sets (``adapters.check_sizes``' keywords)
+SIZE_OPTIONS = {"adapter_size": "bottleneck", "prefix_length": "prefix_length", "lora_rank": "r"}
+
+
 def _fit_default_sizes(run: FinetuneRun, options: dict, config) -> None:
-    """A recipe's default size the user did not give, cut to what this model takes (the default bottleneck 64
-    on a 32-wide model: 32), and said; a size the user gave is checked as given (``check_sizes``)."""
-    limits = {"adapter_size": ("--adapter-size", config.hidden_size, "hidden size"),
-              "prefix_length": ("--prefix-length", config.max_position_embeddings, "positions"),
-              "lora_rank": ("--lora-rank", config.hidden_size, "hidden size")}
-    for name, (flag, limit, what) in limits.items():
-        if name in options and getattr(run, name) is None and options[name] > limit:
-            log.info(f"{flag}: the recipe's default {options[name]} is more than this model's {what}; using {limit}")
-            options[name] = limit
+    """A recipe's default size the user did not give, cut to what this model takes (``adapters.size_limits``:
+    the default bottleneck 64 on a 32-wide model: 32), and said; a size the user gave is checked as given
+    (``check_sizes``)."""
+    limits = size_limits(config)
+    what = {"bottleneck": "hidden size", "prefix_length": "positions", "r": "hidden size"}
+    for option, key in SIZE_OPTIONS.items():
+        if option in options and getattr(run, option) is None and options[option] > limits[key]:
+            log.info(f"--{option.replace('_', '-')}: the recipe's default {options[option]} is more than this "
+                     f"model's {what[key]}; using {limits[key]}")
+            options[option] = limits[key]
 
 
 def _model(run: FinetuneRun, data):

@@ -1,6 +1,6 @@
-"""What a saved result was computed from, as short hashes: ``weights_fingerprint(model)`` (every tensor of
-the state dict: name, dtype, shape and bytes) and ``file_sha256(path)``. A cache written beside its inputs
-(``minibert search --index``) records them and is rebuilt when one differs."""
+"""What a saved result was computed from, as a short hash: ``weights_fingerprint(model)`` (every tensor of
+the state dict: name, dtype, shape and bytes); a file's is ``textfiles.file_sha256(path)``. A cache written
+beside its inputs (``minibert search --index``) records them and is rebuilt when one differs."""
 
 from __future__ import annotations
 
@@ -23,11 +23,3 @@ def weights_fingerprint(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> s
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
-
-def file_sha256(path, chunk: int = 1 << 20) -> str:
-    """sha256 (hex) of a file's bytes, read in 1 MB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()

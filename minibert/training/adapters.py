@@ -425,23 +425,29 @@ def _new_task(encoder, kind: str, o: dict, generator) -> tuple[nn.Module, dict]:
     return task, record
 
 
+def size_limits(config, widest: int | None = None) -> dict[str, int]:
+    """The largest task-module size of each kind a base of ``config`` takes: a bottleneck its hidden size, a
+    prefix its positions, a LoRA rank the adapted layers' smaller side (``widest``; before the layers are
+    known, the hidden size, which every BERT linear layer has on one side)."""
+    return {"bottleneck": config.hidden_size, "prefix_length": config.max_position_embeddings,
+            "r": config.hidden_size if widest is None else widest}
+
+
 def check_sizes(config, *, bottleneck: int | None = None, prefix_length: int | None = None, r: int | None = None,
-                widest: int | None = None) -> None:
-    """A task module's sizes against the base they go on (given ones only): a bottleneck from 1 to the hidden
-    size, a prefix of 1 to the positions, a LoRA rank from 1 to the adapted layers' smaller side (``widest``;
-    before the layers are known, the hidden size, which every BERT linear layer has on one side). What
-    ``add_adapter`` checks, and ``minibert finetune`` before any work."""
-    if bottleneck is not None:
-        check_index("bottleneck", bottleneck, 1, config.hidden_size,
-                    f"a bottleneck narrows the hidden states: at most the model's hidden size, {config.hidden_size}")
-    if prefix_length is not None:
-        check_index("prefix_length", prefix_length, 1, config.max_position_embeddings,
-                    "keys and values per block: at most as many as the model has positions, "
-                    f"{config.max_position_embeddings}")
-    if r is not None:
-        widest = config.hidden_size if widest is None else widest
-        check_index("r", r, 1, widest, f"at most the adapted layers' smaller side, {widest}: a higher "
-                    "rank adds nothing a full update would not")
+                widest: int | None = None, names: dict[str, str] | None = None) -> None:
+    """A task module's sizes against the base they go on (given ones only), from 1 to ``size_limits``. What
+    ``add_adapter`` checks, and ``minibert finetune`` before any work; ``names``: how the message calls each
+    size (the command line's options; default the keywords')."""
+    top = size_limits(config, widest)
+    why = {"bottleneck": "a bottleneck narrows the hidden states: at most the model's hidden size, "
+                         f"{top['bottleneck']}",
+           "prefix_length": "keys and values per block: at most as many as the model has positions, "
+                            f"{top['prefix_length']}",
+           "r": f"at most the adapted layers' smaller side, {top['r']}: a higher rank adds nothing a full update "
+                "would not"}
+    for key, value in (("bottleneck", bottleneck), ("prefix_length", prefix_length), ("r", r)):
+        if value is not None:
+            check_index((names or {}).get(key, key), value, 1, top[key], why[key])
 
 
 def module_cost(config, kind: str, *, bottleneck: int = 64, prefix_length: int = 16, prefix_bottleneck: int = 512,

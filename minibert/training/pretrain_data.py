@@ -41,9 +41,8 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..textfiles import atomic_dir, read_json, read_text
+from ..textfiles import atomic_dir, file_sha256, read_json, read_text
 from ..tools.batching import collate
-from ..tools.fingerprint import file_sha256
 
 log = logging.getLogger(__name__)
 
