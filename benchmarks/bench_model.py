@@ -40,7 +40,7 @@ warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minibert.tools import fast  # noqa: E402
+from minibert.tools import fast, kernels  # noqa: E402
 from minibert import BertModel  # noqa: E402
 from minibert.tools.accounting import flops_per_token  # noqa: E402
 
@@ -162,7 +162,7 @@ def gemm_peak(dtype: torch.dtype, reps: int = 10) -> dict:
     flops = 2 * 1024 * 768 * 3072
     out = {}
     candidates = {"F.linear": lambda: torch.nn.functional.linear(x, w)}
-    if fast._MKLDNN:
+    if kernels.MKLDNN:
         packed = torch.ops.mkldnn._reorder_linear_weight(w)
         candidates["oneDNN prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     for name, f in candidates.items():

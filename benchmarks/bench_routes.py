@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does the fast path's default ``fp32_kernel="auto"`` ever lose to a fixed route (issue 47)? On BERT-base
 geometry (random weights that transformers builds and saves), fp32, this CPU: transformers' BertModel
-(sdpa) against the fast path with ``"auto"`` (decided on the whole block, ``tools.fast.block_plan``) and
+(sdpa) against the fast path with ``"auto"`` (decided on the whole block, ``tools.plan.block_plan``) and
 with each route fixed (``"linear"``, ``"blocked"``, ``"onednn"``), on a dense 8 x 128 batch and a padded
 16 x 128 batch at 38 % real tokens, alternating in one process; each a median of paired ratios to
 transformers. The issue's goals: dense <= 0.90, padded <= 0.45, auto within 3 % of the best fixed route.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from minibert import BertModel  # noqa: E402
 from minibert.hardware import cpu_description  # noqa: E402
-from minibert.tools import fast, kernels  # noqa: E402
+from minibert.tools import fast, kernels, plan  # noqa: E402
 from minibert.tools import timing as harness  # noqa: E402
 
 CASES = [("dense 8 x 128", 8, 128, 1.0, 0.90), ("padded 16 x 128", 16, 128, 0.38, 0.45)]
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     runs = {"auto": fast.prepare(ours)}
     runs.update({route: fast.prepare(ours, fp32_kernel=route) for route in kernels.ROUTES})
     chosen = {name: {k: v for k, v in fast.routes(ours, name).items() if k != "attention"} for name in runs}
-    record = fast.plan_record(ours.config) or {}
+    record = plan.plan_record(ours.config) or {}
     rows = []
     for label, B, T, fraction, goal in CASES:
         batch = bench_model.make_batch(B, T, fraction, ours.config.vocab_size)

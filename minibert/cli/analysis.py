@@ -274,17 +274,17 @@ def cmd_inspect(args) -> int:
 
 def fast_path_routes(config) -> str:
     """What the fast path runs for this geometry here, as lines for ``minibert inspect``: each fp32 product's
-    route on this CPU (decided on the whole block: ``tools.fast.block_plan``, measured on first use and
+    route on this CPU (decided on the whole block: ``tools.plan.block_plan``, measured on first use and
     cached) beside its choice alone, the block's relative times, and the attention kernel (``tools.varlen``)
     on this CPU and on each GPU this machine has."""
     import torch
 
     from ..hardware import cpu_info
-    from ..tools import fast, kernels, varlen
+    from ..tools import kernels, plan as planning, varlen
 
     shapes = kernels.block_shapes(config.hidden_size, config.intermediate_size)
-    plan = fast.block_plan(config) if kernels.MKLDNN else dict.fromkeys(shapes, "linear")
-    record = fast.plan_record(config) or {}
+    plan = planning.block_plan(config) if kernels.MKLDNN else dict.fromkeys(shapes, "linear")
+    record = planning.plan_record(config) or {}
     forced = kernels.forced_route()
     how = (f"${kernels.OVERRIDE_ENV}" if forced else f"decided on the whole block, measured here, kept in "
            f"{kernels.cache_file()}")

@@ -43,7 +43,7 @@ if MKLDNN:  # the overloads themselves: one attribute walk less per call (hundre
 ROUTES = ("linear", "blocked", "onednn")
 EXACT_ROUTES = ("linear", "blocked")  # F.linear's numbers
 MARGIN = 0.95  # oneDNN's own order is taken only when it is more than 5 % faster than the best exact route
-#: the same for a whole block (``tools.fast.block_plan``): more than 3 %, so "auto" is never more than 3 %
+#: the same for a whole block (``tools.plan.block_plan``): more than 3 %, so "auto" is never more than 3 %
 #: slower than the fastest fixed route it measured
 BLOCK_MARGIN = 0.97
 OVERRIDE_ENV = "MINIBERT_FP32_KERNEL"

@@ -24,6 +24,7 @@ from conftest import BASE, PAIRS, SENTENCES, random_batch_for, transformers
 from minibert import BertConfig, BertModel, BertTokenizer
 from minibert.testing import fp32_noise_floor
 from minibert.testing import largest_difference as compare
+from minibert.tools import blocks, copies, kernels, plan
 from minibert.tools import fast as fastmod
 from minibert.tools.fast import prepare
 from minibert.tools.hooks import hooks
@@ -135,7 +136,7 @@ def test_a_row_does_not_depend_on_its_neighbours(minilm):
 def test_plain_linear_fallback_matches_too(minilm, monkeypatch):
     model, tok = minilm
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
-    monkeypatch.setattr(fastmod, "_MKLDNN", False)
+    monkeypatch.setattr(kernels, "MKLDNN", False)
     fastmod.release(model)
     slow, fast = both(model, batch)
     assert compare(slow, fast, batch["attention_mask"]) <= FACTOR * fp32_noise_floor(model, batch)
@@ -274,7 +275,7 @@ def test_blocked_fp32_products_equal_f_linear(shape):
     k = _summation_block_or_skip(*shape)
     g = torch.Generator().manual_seed(1)
     weight, bias = torch.randn(shape, generator=g) * 0.05, torch.randn(shape[0], generator=g)
-    linear = fastmod._Linear(weight, bias, fp32_kernel="blocked")
+    linear = blocks.PackedLinear(weight, bias, fp32_kernel="blocked")
     assert linear.route == "blocked" and linear.blocks is not None and len(linear.blocks) == -(-shape[1] // k)
     with torch.inference_mode():
         for rows in (16, 37, 300, 1100):  # 1100: four tiles of 275 rows
@@ -312,7 +313,7 @@ def test_blocked_fast_path_gives_f_linears_numbers(minilm):
 def test_blocked_fast_path_keeps_f_linear_where_no_block_is_found(minilm, monkeypatch):
     model, tok = minilm
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
-    monkeypatch.setattr(fastmod, "summation_block", lambda *shape: None)
+    monkeypatch.setattr(kernels, "summation_block", lambda *shape: None)
     fastmod.release(model)
     with torch.inference_mode():
         blocked, plain = prepare(model, fp32_kernel="blocked")(**batch), prepare(model, fp32_kernel="linear")(**batch)
@@ -323,7 +324,7 @@ def test_blocked_fast_path_keeps_f_linear_where_no_block_is_found(minilm, monkey
 
 def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_path):
     """fp32_kernel="auto" measures the routes of each weight shape once per CPU model, thread count and torch
-    version (kernels.calibrate), then decides on the whole block (fast.time_plans: the per-product choice
+    version (kernels.calibrate), then decides on the whole block (plan.time_plans: the per-product choice
     against every route for all products) -- oneDNN's own order only when it wins by more than 3 % --,
     keeps both in the cache file for later processes, and gives way to $MINIBERT_FP32_KERNEL."""
     from minibert.tools import kernels
@@ -332,17 +333,17 @@ def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_pat
     assert kernels.decide({"linear": 1.0, "blocked": 0.7, "onednn": 0.68}) == "blocked"  # within 5 %: exact
     assert kernels.decide({"linear": 1.0, "blocked": 1.3, "onednn": 0.97}) == "linear"
     assert kernels.decide({"linear": 1.0}) == "linear"
-    every = {r: dict.fromkeys(fastmod.PRODUCTS, r) for r in kernels.ROUTES}
+    every = {r: dict.fromkeys(plan.PRODUCTS, r) for r in kernels.ROUTES}
     mixed = {**every["onednn"], "ffn out": "blocked"}
     plans = {**every, "per product": mixed}
     # the Zen 3 case: oneDNN won each product alone, F.linear wins the block
-    assert fastmod.decide_plan({"linear": 1.0, "blocked": 1.22, "onednn": 1.05, "per product": 1.04}, plans) == "linear"
-    assert fastmod.decide_plan({"linear": 1.0, "blocked": 0.9, "onednn": 0.88, "per product": 0.8}, plans) == "per product"
-    assert fastmod.decide_plan({"linear": 1.0, "blocked": 0.9, "onednn": 0.88}, plans) == "blocked"  # within 3 %
+    assert plan.decide_plan({"linear": 1.0, "blocked": 1.22, "onednn": 1.05, "per product": 1.04}, plans) == "linear"
+    assert plan.decide_plan({"linear": 1.0, "blocked": 0.9, "onednn": 0.88, "per product": 0.8}, plans) == "per product"
+    assert plan.decide_plan({"linear": 1.0, "blocked": 0.9, "onednn": 0.88}, plans) == "blocked"  # within 3 %
     model, tok = minilm
     monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(kernels, "_CHOICES", {})
-    monkeypatch.setattr(fastmod, "_PLANS", {})
+    monkeypatch.setattr(plan, "_PLANS", {})
     measured, timed = [], []
 
     def fake_calibrate(out_features, in_features):  # the FFN-out shape runs blocked fastest, the rest oneDNN
@@ -357,17 +358,17 @@ def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_pat
         timed.append(dict(candidates))
         return {name: block_times[name] for name in candidates}
     monkeypatch.setattr(kernels, "calibrate", fake_calibrate)
-    monkeypatch.setattr(fastmod, "time_plans", fake_time_plans)
+    monkeypatch.setattr(plan, "time_plans", fake_time_plans)
     fastmod.release(model)
     expected = {"qkv": "onednn", "attention output": "onednn", "ffn in": "onednn", "ffn out": "blocked"}
     if fastmod.summation_block(model.config.hidden_size, model.config.intermediate_size) is None:
         expected["ffn out"] = "onednn"  # no blocked route on this CPU: only the routes it runs are measured
-    if not fastmod._MKLDNN:
+    if not kernels.MKLDNN:
         expected = dict.fromkeys(expected, "linear")
     assert {k: v for k, v in fastmod.routes(model).items() if k != "attention"} == expected
-    assert len(measured) == (4 if fastmod._MKLDNN else 0)  # once per shape, not per block
-    assert len(timed) == (1 if fastmod._MKLDNN else 0)  # one whole-block decision per geometry
-    if fastmod._MKLDNN:
+    assert len(measured) == (4 if kernels.MKLDNN else 0)  # once per shape, not per block
+    assert len(timed) == (1 if kernels.MKLDNN else 0)  # one whole-block decision per geometry
+    if kernels.MKLDNN:
         assert timed[0]["linear"] == every["linear"] and (timed[0].get("per product") or expected) == expected
     saved = json.loads((tmp_path / "fp32_kernels.json").read_text())
     assert list(saved) == [kernels.machine_key()] and len(saved[kernels.machine_key()]) == len(measured) + len(timed)
@@ -375,9 +376,9 @@ def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_pat
     slow, fast = both(model, batch)
     assert compare(slow, fast, batch["attention_mask"]) <= noise_factor(model) * fp32_noise_floor(model, batch)
     # the block says F.linear: every product takes it, whatever each won alone
-    if fastmod._MKLDNN:
+    if kernels.MKLDNN:
         block_times.update({"linear": 1.0, "onednn": 1.05, "per product": 1.04, "blocked": 1.2})
-        monkeypatch.setattr(fastmod, "_PLANS", {})
+        monkeypatch.setattr(plan, "_PLANS", {})
         (tmp_path / "fp32_kernels.json").write_text(json.dumps({kernels.machine_key(): {
             k: v for k, v in saved[kernels.machine_key()].items() if not k.startswith("block")}}))
         fastmod.release(model)
@@ -386,7 +387,7 @@ def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_pat
         (tmp_path / "fp32_kernels.json").write_text(json.dumps(saved))
     # another process (empty in-process tables) reads the file and measures nothing
     monkeypatch.setattr(kernels, "_CHOICES", {})
-    monkeypatch.setattr(fastmod, "_PLANS", {})
+    monkeypatch.setattr(plan, "_PLANS", {})
     fastmod.release(model)
     measured.clear()
     timed.clear()
@@ -394,7 +395,7 @@ def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_pat
     assert measured == [] and timed == []
     # the override: every product on one route, nothing measured
     monkeypatch.setattr(kernels, "_CHOICES", {})
-    monkeypatch.setattr(fastmod, "_PLANS", {})
+    monkeypatch.setattr(plan, "_PLANS", {})
     monkeypatch.setenv(kernels.OVERRIDE_ENV, "linear")
     fastmod.release(model)
     assert set(fastmod.routes(model).values()) == {"linear", "loop"} and measured == [] and timed == []
@@ -413,9 +414,9 @@ def test_the_whole_block_is_timed_for_every_candidate():
 
     config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=128)
-    candidates = {r: dict.fromkeys(fastmod.PRODUCTS, r) for r in kernels.ROUTES
+    candidates = {r: dict.fromkeys(plan.PRODUCTS, r) for r in kernels.ROUTES
                   if all(kernels.runs_here(r, *shape) for shape in ((96, 32), (32, 32), (64, 32), (32, 64)))}
-    relative = fastmod.time_plans(config, candidates, rounds=1)
+    relative = plan.time_plans(config, candidates, rounds=1)
     assert set(relative) == set(candidates) and relative["linear"] == 1.0
     assert all(0 < t < 100 for t in relative.values())
 
@@ -434,11 +435,11 @@ def test_another_thread_count_rebuilds_the_copies(minilm):
     threads = torch.get_num_threads()
     with torch.inference_mode():
         prepare(model)(**batch)
-        first = fastmod._CACHE[model]["auto"]
+        first = copies._CACHE[model]["auto"]
         try:
             torch.set_num_threads(1 if threads > 1 else 2)
             prepare(model)(**batch)
-            assert fastmod._CACHE[model]["auto"] is not first  # summation blocks are per thread count
+            assert copies._CACHE[model]["auto"] is not first  # summation blocks are per thread count
         finally:
             torch.set_num_threads(threads)
     fastmod.release(model)
@@ -491,7 +492,7 @@ def test_copying_pickling_and_saving_work_after_fast_forwards(minilm_dir, minilm
     assert fastmod.cached_bytes(model) == 0
     with torch.inference_mode():
         prepare(model)(**batch)
-    entries = len(fastmod._CACHE)
+    entries = len(copies._CACHE)
     del model, twin, again, loaded, other
     gc.collect()
-    assert len(fastmod._CACHE) < entries  # an entry goes with its model
+    assert len(copies._CACHE) < entries  # an entry goes with its model

@@ -17,7 +17,7 @@ from minibert import BertModel, BertTokenizer
 from minibert.errors import InputError
 from minibert.testing import fp32_noise_floor
 from minibert.testing import largest_difference as compare
-from minibert.tools import fast, varlen
+from minibert.tools import fast, graphs, varlen
 from minibert.tools.hooks import hooks
 
 MASKS = {
@@ -238,9 +238,9 @@ def fake_capture(graph, fn, inputs):
 
 @pytest.fixture
 def graphs_on_cpu(monkeypatch):
-    monkeypatch.setattr(fast.GraphCache, "check", staticmethod(lambda model: None))
-    monkeypatch.setattr(fast.GraphCache, "make_graph", staticmethod(FakeGraph))
-    monkeypatch.setattr(fast.GraphCache, "capture", staticmethod(fake_capture))
+    monkeypatch.setattr(graphs.GraphCache, "check", staticmethod(lambda model: None))
+    monkeypatch.setattr(graphs.GraphCache, "make_graph", staticmethod(FakeGraph))
+    monkeypatch.setattr(graphs.GraphCache, "capture", staticmethod(fake_capture))
     FakeGraph.captures = 0
 
 

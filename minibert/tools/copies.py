@@ -1,0 +1,112 @@
+"""The fast path's weight copies (fused QKV, prepacked oneDNN weights), kept beside a model, never in it:
+built on first use (``copies_of``), checked for staleness on every call against what they were made from,
+freed with the model or on demand (``release``); ``cached_bytes`` says what they hold."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..hardware import warn_if_slow
+from ..hookpoints import GLOBAL_FORWARD_HOOKS, GLOBAL_FORWARD_PRE_HOOKS
+from ..model import BertModel
+from ..quantize import Int8Linear
+from . import kernels
+from .blocks import FusedBlock, PackedInt8Linear
+from .plan import PRODUCTS, block_plan
+
+
+class Copies:
+    """The fused/packed blocks of one model, and what they were made from (to notice edits)."""
+
+    def __init__(self, model: BertModel, fp32_kernel: str):
+        self.parts, self.params = [], []  # (dict, key, object) of every submodule and parameter; tensors
+        # the encoder's weights are copied (fused, packed): an in-place edit makes the copies stale too. The
+        # embeddings and pooler are read where they are, so only a replaced or moved one counts there (what a
+        # CUDA graph of this forward, ``GraphCache``, also needs: it reads their memory as it was captured)
+        live = [m for m in (model.embeddings, model.pooler) if m is not None]
+        self.parts += [(model._modules, k, v, None) for k, v in model._modules.items()]
+        for module in [*model.encoder.modules(), *(m for top in live for m in top.modules())]:
+            self.parts.append((module.__dict__, "_modules", module._modules, len(module._modules)))
+            self.parts.append((module.__dict__, "_parameters", module._parameters, len(module._parameters)))
+            self.parts += [(module._modules, k, v, None) for k, v in module._modules.items()]
+            self.parts += [(module._parameters, k, v, None) for k, v in module._parameters.items()]
+        self.params = [(p, p.data_ptr(), _version(p)) for p in model.encoder.parameters()]
+        self.params += [(p, p.data_ptr(), None) for top in live for p in top.parameters()]  # no version: read live
+        # torch's hook dicts of every module (filled and emptied in place): a torch hook anywhere sends a
+        # call to the readable path, where it fires (captum's layer methods, say)
+        self.hook_dicts = [d for module in model.modules()
+                           for d in (module._forward_hooks, module._forward_pre_hooks)]
+        # attention's key/value slots (prefix-tuning fills them): a filled one also sends a call there
+        self.kv_slots = [b.attn.kv for b in model.encoder.blocks]
+        self.threads = torch.get_num_threads()  # the summation blocks found hold for this thread count
+        plan = dict.fromkeys(PRODUCTS, fp32_kernel)
+        if (fp32_kernel == "auto" and kernels.MKLDNN and model.device.type == "cpu" and model.dtype == torch.float32
+                and not isinstance(model.encoder.blocks[0].attn.query, Int8Linear)):
+            plan = block_plan(model.config)  # decided on the whole block, not product by product
+        with torch.inference_mode():
+            self.blocks = [FusedBlock(b, model.config.hidden_act, plan) for b in model.encoder.blocks]
+
+    def stale(self, model: BertModel) -> bool:
+        """A module or parameter replaced or added, an in-place edit (version counter), ``.to()`` (data
+        pointer), another torch thread count: each makes the copies stale. Checked against what was
+        recorded, without walking the module tree (~60 us for BERT-base, against ~450 us for one walk)."""
+        return (torch.get_num_threads() != self.threads
+                or any(d.get(k) is not v or (n is not None and len(v) != n) for d, k, v, n in self.parts)
+                or any(p.data_ptr() != ptr or (version is not None and _version(p) != version)
+                       for p, ptr, version in self.params))
+
+    def torch_hooked(self) -> bool:
+        """Whether a torch module hook is registered on any module of the model, or globally, or a key/value
+        slot is filled (prefix-tuning): what the fused blocks would not run. (Adapters and LoRA task modules,
+        ``training.adapters``, act through torch hooks.)"""
+        return (any(self.hook_dicts) or bool(GLOBAL_FORWARD_HOOKS or GLOBAL_FORWARD_PRE_HOOKS)
+                or any(slot.extend is not None for slot in self.kv_slots))
+
+    def nbytes(self) -> int:
+        total = 0
+        for block in self.blocks:
+            if isinstance(block.qkv, PackedInt8Linear):  # only the fused QKV is a copy (int8)
+                total += block.qkv.weight.numel()
+                continue
+            for linear in (block.qkv, block.out, block.ffn_in, block.ffn_out):
+                total += linear.nbytes()  # its oneDNN copy, if any
+            total += block.qkv.weight.numel() * block.qkv.weight.element_size()  # the fused (3H, H) matrix
+        return total
+
+
+def _version(p: torch.Tensor):
+    try:
+        return p._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+
+
+#: model -> {fp32_kernel: Copies}. Beside the model, not in it: an opaque prepacked oneDNN tensor cannot
+#: be deep-copied or pickled. Weak keys: an entry goes when its model does (the blocks refer to the
+#: model's LayerNorm modules, never to the model itself).
+_CACHE: "weakref.WeakKeyDictionary[BertModel, dict[str, Copies]]" = weakref.WeakKeyDictionary()
+
+
+def copies_of(model: BertModel, fp32_kernel: str) -> Copies:
+    entries = _CACHE.setdefault(model, {})
+    packed = entries.get(fp32_kernel)
+    if packed is None or packed.stale(model):
+        warn_if_slow(model.dtype, model.device)  # once per process: bf16/fp16 without CPU support is slow
+        entries.pop(fp32_kernel, None)  # free the old copy before building the new one
+        packed = entries[fp32_kernel] = Copies(model, fp32_kernel)
+    return packed
+
+
+def release(model: BertModel) -> None:
+    """Free the fused/packed weight copies kept for ``model`` (they are rebuilt on the next fast call)."""
+    _CACHE.pop(model, None)
+
+
+def cached_bytes(model: BertModel) -> int:
+    """Memory held by the fast path's weight copies for ``model`` (0 when none): the fused QKV matrices,
+    and the oneDNN copies of every block weight on the blocked and oneDNN routes (``routes``) and in half
+    precision."""
+    return sum(packed.nbytes() for packed in _CACHE.get(model, {}).values())
+
