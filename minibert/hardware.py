@@ -121,6 +121,18 @@ def training_device(device=None, option: str = "--device", doing: str = "trains"
     return torch.device("cuda", index)
 
 
+def same_device(a, b) -> bool:
+    """Whether two devices, as torch or a user spells them, are one: ``"cuda"`` is the current GPU
+    (``torch.device("cuda") != torch.device("cuda", 0)`` in torch, though a model on cuda:0 runs there),
+    ``"cpu"`` and ``"cpu:0"`` the one CPU device."""
+    def index(device: torch.device):
+        if device.type == "cuda" and device.index is None:
+            return torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return device.index or 0
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and index(a) == index(b)
+
+
 def inference_device(device=None, option: str = "--device", dtype=None) -> torch.device:
     """Where an inference command runs its model: as ``training_device`` (the same checks and one-line
     errors), and ``dtype`` "int8" refused on a GPU (its kernels are the CPU's)."""

@@ -10,9 +10,11 @@ skipped (the choice then lasts for the process).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -52,19 +54,42 @@ def saved_entry(path: Path, machine: str, what: str) -> dict | None:
 
 
 def write_json_entry(path: Path, machine: str, what: str, entry: dict) -> None:
-    """Add one choice to the cache file ``path``: written to a temporary name and renamed into place, so a
-    reader (another process) never sees half a file; a folder that cannot be written is skipped."""
+    """Add one choice to the cache file ``path``: read, updated and written under a lock (a thread lock, and
+    an exclusive ``flock`` on ``.NAME.lock`` beside it where the system has one), so two processes measuring
+    at once each keep their entry; written to a temporary name and renamed into place, so a reader never
+    sees half a file. A folder that cannot be written is skipped."""
     path = Path(path)
-    saved = read_json(path)
-    mine = saved.get(machine) if isinstance(saved.get(machine), dict) else {}
-    saved[machine] = {**mine, what: entry}
+    with _WRITING:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _file_lock(path.with_name(f".{path.name}.lock")):
+                saved = read_json(path)
+                mine = saved.get(machine) if isinstance(saved.get(machine), dict) else {}
+                saved[machine] = {**mine, what: entry}
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+                os.replace(tmp, path)
+        except OSError:
+            pass
+
+
+_WRITING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _file_lock(lock_path: Path):
+    """An exclusive lock on ``lock_path`` across processes (``fcntl.flock``; nothing where there is no fcntl)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def forced_choice(variable: str, choices: tuple) -> str | None:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, InputError
+from ..hardware import same_device
 from ..inputs import check_index
 from ..loading import MODEL_FILES, TOKENIZER_FILES, resolve_source
 from ..models import BertModel
@@ -231,8 +232,14 @@ class SentenceEncoder:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise InputError(f"sentences[{i}] is a {type(t).__name__}, not a string")
-        if device is not None and torch.device(device) != self.model.device:
-            raise InputError(f"device={device!r}: the model is on {self.model.device}; move it with encoder.model.to(...)")
+        if device is not None:
+            try:
+                same = same_device(device, self.model.device)
+            except (RuntimeError, TypeError, ValueError):
+                raise InputError(f"device={device!r} is not a device: use cpu, cuda or cuda:N") from None
+            if not same:
+                raise InputError(f"device={device!r}: the model is on {self.model.device}; move it with "
+                                 "encoder.model.to(...)")
         # on a GPU the texts are tokenised in a background thread while it runs (tools.encode.encode_texts)
         out = encode_texts(self.model, self._tokenizer(), texts, pooling=self.pooling,
                            normalize=self.normalize or normalize_embeddings, batch_size=batch_size,

@@ -14,8 +14,9 @@ On a GPU (``device="cuda"``, or a model already there) the work is laid out for 
 tokenises and collates the next batches while the GPU runs this one (``overlap``; texts ordered by their
 length in characters, batched by their true token counts within slabs of ``SLAB`` texts), batches go to
 the GPU from pinned memory without blocking, batches default to a token budget (``GPU_MAX_TOKENS``), and
-the vectors stay on the GPU until one copy at the end. Output order and values are the same (fp32:
-within 1e-6 of the CPU's vectors).
+the vectors stay on the GPU until they reach ``FLUSH_BYTES``, then go back in one copy (a corpus of any
+size holds at most that much there). Output order and values are the same (fp32: within 1e-6 of the
+CPU's vectors).
 """
 
 from __future__ import annotations
@@ -81,32 +82,58 @@ class _Pooling:
         return F.normalize(vectors, p=2, dim=-1) if self.normalize else vectors
 
 
+class _Collector:
+    """Vectors made on a device, written to their rows of ``out`` (CPU): on the CPU at once; elsewhere kept
+    on the device and copied back in one transfer each time they reach ``flush_bytes`` (and at the end), so
+    a corpus of any size holds at most ``flush_bytes`` of vectors (plus one batch) on the GPU, and the GPU
+    waits for the host once per flush, not per batch."""
+
+    def __init__(self, out: torch.Tensor, on_device: bool, flush_bytes: int):
+        self.out, self.on_device, self.flush_bytes = out, on_device, flush_bytes
+        self.rows, self.vectors, self.held = [], [], 0
+        self.flushes = self.most_held = 0
+
+    def add(self, rows, vectors: torch.Tensor) -> None:
+        if not self.on_device:
+            self.out[torch.as_tensor(rows)] = vectors
+            return
+        self.rows.append(torch.as_tensor(rows))
+        self.vectors.append(vectors)
+        self.held += vectors.numel() * vectors.element_size()
+        self.most_held = max(self.most_held, self.held)
+        if self.held >= self.flush_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.vectors:
+            self.out[torch.cat(self.rows)] = torch.cat(self.vectors).cpu()  # one copy back
+            self.flushes += 1
+        self.rows, self.vectors, self.held = [], [], 0
+
+
+#: vectors kept on a GPU before they are copied back to the host (``_Collector``)
+FLUSH_BYTES = 64 * 2**20
+
+
 def _run_batches(encoder, pooling: _Pooling, batches, count: int, progress: bool) -> torch.Tensor:
     """(count, width) float32 on the CPU from ``(rows, batch)`` pairs: each batch's vectors written to its
-    rows. On a GPU the vectors stay there until one copy at the end."""
+    rows. On a GPU the vectors go back to the host every ``FLUSH_BYTES`` (``_Collector``)."""
     out = torch.empty(count, pooling.width, dtype=torch.float32)
     if not count:
         return out
     device = encoder.device
-    on_gpu = device.type != "cpu"
     run = prepare(encoder)
     bar = progress_bar(count, "encode", progress)
-    kept_rows, kept = [], []
+    collect = _Collector(out, device.type != "cpu", FLUSH_BYTES)
     training = encoder.training
     encoder.eval()  # vectors are an inference result (no dropout); the mode comes back below
     try:
         with torch.inference_mode():
             for rows, batch in batches:
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                vectors = pooling(run, batch)
-                if on_gpu:
-                    kept_rows.append(torch.as_tensor(rows))
-                    kept.append(vectors)
-                else:
-                    out[torch.as_tensor(rows)] = vectors
+                collect.add(rows, pooling(run, batch))
                 bar.update(len(rows))
-            if kept:
-                out[torch.cat(kept_rows)] = torch.cat(kept).cpu()  # one copy back
+            collect.flush()
     finally:
         encoder.train(training)
         bar.close()

@@ -105,23 +105,25 @@ class FastBert:
     mantissa bits: several times faster on tensor cores, about 1e-3 relative error instead of fp32's 1e-7,
     so no longer within the fp32 noise floor of the readable path); off by default, as in torch.
     ``cuda_graphs=True`` (a model on a GPU): a batch without padding runs as a CUDA graph captured for its
-    shape on first sight (``GraphCache``): one launch instead of hundreds, what a small batch's latency is
-    made of; padded batches run as usual."""
+    shape on first sight (``tools.graphs.GraphCache``): one launch instead of hundreds, what a small batch's
+    latency is made of; padded batches (an ``attention_mask`` given) run as usual. The 8 most recently used
+    shapes are kept; traffic of many lengths declares the shapes worth a graph instead,
+    ``cuda_graphs=[(1, 16), (1, 32)]``, and every other shape runs as usual."""
 
     def __init__(self, model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-                 cuda_graphs: bool = False):
+                 cuda_graphs=False):
         if not isinstance(model, BertModel):
             raise TypeError(f"fast.prepare takes a minibert BertModel, got {type(model).__name__}")
         if fp32_kernel not in FP32_KERNELS:
             raise InputError(f"fp32_kernel={fp32_kernel!r}: use one of {FP32_KERNELS}")
-        for name, value in (("tf32", tf32), ("cuda_graphs", cuda_graphs)):
-            if not isinstance(value, bool):
-                raise InputError(f"{name}={value!r}: pass True or False")
+        if not isinstance(tf32, bool):
+            raise InputError(f"tf32={tf32!r}: pass True or False")
+        shapes = _graph_shapes(cuda_graphs)
         self.model = model
         self.fp32_kernel = fp32_kernel
         self.attention = varlen.check_route(attention)
         self.tf32 = tf32
-        self.graphs = GraphCache() if cuda_graphs else None
+        self.graphs = None if cuda_graphs is False else GraphCache(shapes=shapes)
 
     def __repr__(self) -> str:
         return (f"FastBert({getattr(self.model, 'source', 'model')}, fp32_kernel={self.fp32_kernel!r}, "
@@ -172,9 +174,11 @@ class FastBert:
         with torch.inference_mode(), TF32(self.tf32 and model.device.type == "cuda"):
             if self.graphs is not None:
                 self.graphs.check(model)
-                if attention_mask is None:  # no padding: the shapes are static, the forward can be a graph
+                # no padding: the shapes are static, the forward can be a graph (of a shape it wants)
+                if attention_mask is None and self.graphs.wants(input_ids.shape):
                     key = (tuple(input_ids.shape), num_blocks, tuple(sorted(skip_blocks)), keep, attention)
-                    return self.graphs.run(packed, key, forward, (input_ids, token_type_ids, position_ids))
+                    return self.graphs.run(packed, key, forward, (input_ids, token_type_ids, position_ids),
+                                           model.device)
             return forward(input_ids, token_type_ids, position_ids)
 
 
@@ -201,8 +205,24 @@ def kept_states(output_hidden_states, config, num_blocks=None) -> frozenset | No
 
 
 
+def _graph_shapes(cuda_graphs):
+    """``cuda_graphs`` checked: False (none), True (any shape: None) or the (B, T) shapes to capture."""
+    if isinstance(cuda_graphs, bool):
+        return None
+    try:
+        shapes = [tuple(s) for s in cuda_graphs]
+        ok = bool(shapes) and all(len(s) == 2 and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                                      for n in s) for s in shapes)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise InputError(f"cuda_graphs={cuda_graphs!r}: pass True or False, or the (batch, length) shapes to "
+                         "capture, e.g. [(1, 16), (1, 32)]")
+    return shapes
+
+
 def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-            cuda_graphs: bool = False) -> FastBert:
+            cuda_graphs=False) -> FastBert:
     """The fast path for ``model``: ``fast = prepare(model); out = fast(**batch)``. Cheap to call again:
     the weight copies are made on first use and shared by every FastBert of the same model and options.
     ``fp32_kernel``: ``"auto"`` (each product on the route measured fastest on this CPU, see

@@ -28,6 +28,7 @@ the process and in ``attention.json`` beside ``fp32_kernels.json``.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -58,6 +59,13 @@ class Packing:
     max_len: int  # the longest row's real tokens
     dense: bool = False  # no padding at all: the (B * T) tokens in order, attended in one dense call
     _padded: tuple | None = field(default=None, repr=False)  # (slots, key mask) for the padded route, made once
+    _offsets: torch.Tensor | None = field(default=None, repr=False)  # cu_seqlens in int64 (nested route), made once
+
+    def offsets(self) -> torch.Tensor:
+        """``cu_seqlens`` as int64, what nested tensors take: made on first use, kept for every block."""
+        if self._offsets is None:
+            self._offsets = self.cu_seqlens.long()
+        return self._offsets
 
     @classmethod
     def of_rows(cls, lengths: list[int], T: int, device=None) -> "Packing":
@@ -79,9 +87,12 @@ class Packing:
         """For the padded route: (slots (N,) indices into an (R x max_len) grid, key mask (R, 1, 1, max_len)
         bool, True = a real key), computed on first use and kept."""
         if self._padded is None:
+            # sizes from the host's lengths, never read back from the device (no sync on a GPU)
+            N = sum(self.lengths)
             lengths = torch.tensor(self.lengths, device=self.cu_seqlens.device)
-            rows = torch.repeat_interleave(torch.arange(len(self.lengths), device=lengths.device), lengths)
-            rank = torch.arange(int(self.cu_seqlens[-1]), device=lengths.device) - self.cu_seqlens[:-1].long()[rows]
+            rows = torch.repeat_interleave(torch.arange(len(self.lengths), device=lengths.device), lengths,
+                                           output_size=N)
+            rank = torch.arange(N, device=lengths.device) - self.cu_seqlens[:-1].long()[rows]
             keys = torch.arange(self.max_len, device=lengths.device)[None, :] < lengths[:, None]  # (R, max_len)
             self._padded = (rows * self.max_len + rank, keys[:, None, None, :])
         return self._padded
@@ -123,13 +134,36 @@ def _loop(qkv, packing, scale):
 
 def _varlen(qkv, packing, scale):
     q, k, v = qkv.unbind(1)  # each (N, h, d)
-    cu, longest = packing.cu_seqlens, packing.max_len
-    return varlen_kernel()(q, k, v, cu, cu, longest, longest, scale=scale)  # (N, h, d)
+    return call_varlen(q, k, v, packing.cu_seqlens, packing.max_len, scale)  # (N, h, d)
+
+
+def call_varlen(q, k, v, cu_seqlens, longest: int, scale: float | None):
+    """``varlen_attn`` as the route calls it, on every torch that has it (the capability probe calls this
+    too): ``scale`` passed where the kernel takes it (torch >= 2.12); torch 2.10 and 2.11 have no such
+    keyword and scale by 1/sqrt(d), so another scale is folded into q there."""
+    kernel = varlen_kernel()
+    if _takes_scale(kernel):
+        return kernel(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scale)
+    d = q.shape[-1]
+    if scale is not None and scale != d ** -0.5:
+        q = q * (scale * d ** 0.5)
+    return kernel(q, k, v, cu_seqlens, cu_seqlens, longest, longest)
+
+
+def _takes_scale(kernel) -> bool:
+    try:
+        parameters = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: call it as the oldest one is called
+        return False
+    return "scale" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def _nested(qkv, packing, scale):
-    offsets = packing.cu_seqlens.long()
-    q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets).transpose(1, 2)
+    # the shortest and longest rows given from the host: left out, SDPA on jagged tensors reads each from
+    # the device (.item(): a host sync, several per block)
+    offsets, shortest, longest = packing.offsets(), min(packing.lengths), packing.max_len
+    q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=shortest,
+                                                      max_seqlen=longest).transpose(1, 2)
                for t in qkv.unbind(1))  # each (R, h, j, d)
     with warnings.catch_warnings():  # torch calls nested tensors a prototype, once per call on a CPU
         warnings.simplefilter("ignore", UserWarning)
@@ -190,13 +224,19 @@ def runs_here(route: str, device: torch.device, dtype: torch.dtype, head_size: i
     key = (str(device), dtype, head_size)
     if key not in _RUNS:
         try:
-            x = torch.zeros(4, 1, head_size, device=device, dtype=dtype)
-            cu = torch.tensor([0, 1, 4], dtype=torch.int32, device=device)
-            varlen_kernel()(x, x, x, cu, cu, 3, 3)
+            probe(device, dtype, head_size)
             _RUNS[key] = True
         except Exception:  # noqa: BLE001 - no CUDA build (AssertionError), no kernel for this GPU / head size
             _RUNS[key] = False
     return _RUNS[key]
+
+
+def probe(device, dtype, head_size: int) -> None:
+    """A tiny call of the varlen kernel, made exactly as the route makes it (``call_varlen``): raises where
+    the kernel cannot run."""
+    x = torch.zeros(4, 1, head_size, device=device, dtype=dtype)
+    cu = torch.tensor([0, 1, 4], dtype=torch.int32, device=device)
+    call_varlen(x, x, x, cu, 3, head_size ** -0.5)
 
 
 def why_not(route: str) -> str:
@@ -236,12 +276,14 @@ def calibration_batch(device, dtype, head_size: int, rows: int = 64, low: int = 
 
 def calibrate(device, dtype, head_size: int, rounds: int = 5, **batch) -> dict[str, float]:
     """Each route's time on ``calibration_batch`` (``batch``: its options) relative to the padded route's
-    (1.0): the best of ``rounds`` alternating calls after a warm-up call of each, the device synchronised
-    after each call."""
+    (1.0; the fastest's where padded fails): the best of ``rounds`` alternating calls after a warm-up call
+    of each, ``device`` itself synchronised after each call (not the current device: a model on cuda:1).
+    A route that raises on this batch is left out and named in a warning (a kernel this GPU or dtype does
+    not have), never chosen; the forward is not the place to find out."""
     device = torch.device(device)
     qkv, packing = calibration_batch(device, dtype, head_size, **batch)
     scale = head_size ** -0.5
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
     def timed(route):
         def run():
@@ -249,11 +291,26 @@ def calibrate(device, dtype, head_size: int, rounds: int = 5, **batch) -> dict[s
             sync()
         return run
 
-    available = [r for r in ROUTES if runs_here(r, device, dtype, head_size)]
+    available, failed = [], {}
     with torch.inference_mode():
+        for route in ROUTES:
+            if not runs_here(route, device, dtype, head_size):
+                continue
+            try:
+                timed(route)()
+                available.append(route)
+            except Exception as e:  # noqa: BLE001 - whatever the kernel raises, the route is not taken
+                failed[route] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        if failed:
+            warnings.warn(f"attention routes that failed on {device} ({dtype}, head size {head_size}) and are "
+                          f"not used: " + "; ".join(f"{r} ({why})" for r, why in failed.items()), RuntimeWarning,
+                          stacklevel=2)
+        if not available:
+            raise RuntimeError(f"no attention route runs on {device} in {dtype}: " + "; ".join(failed.values()))
         times = timing.alternate({r: timed(r) for r in available}, rounds, warmup=1, rotate=True)
     best = {r: min(t) for r, t in times.items()}
-    return {r: best[r] / best["padded"] for r in available}
+    base = best.get("padded", min(best.values()))
+    return {r: best[r] / base for r in available}
 
 
 def device_key(device: torch.device) -> str:

@@ -10,6 +10,7 @@ import torch
 
 from conftest import POS_SAMPLE, cli_error, cli_in_process, usage_error
 from minibert import BertModel, BertTokenizer
+from minibert.errors import InputError
 from minibert.tools.encode import encode_texts
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the errors of a machine without CUDA")
@@ -151,3 +152,46 @@ def test_prefetch_keeps_order_raises_and_stops():
             break  # the thread stops: it does not run on
     n = len(made)
     assert n <= 5 + 1 + 3 + 1 and not any(t.name == "minibert-prefetch" for t in threading.enumerate())
+
+
+def test_same_device_reads_devices_as_torch_runs_them(monkeypatch):
+    """torch.device("cuda") != torch.device("cuda", 0), though a model on cuda:0 runs on "cuda" (the current
+    GPU); "cpu:0" is the CPU. An encoder asked for device="cuda" on a model on cuda:0 was refused."""
+    from minibert.hardware import same_device
+
+    assert same_device("cpu", torch.device("cpu")) and same_device("cpu:0", "cpu")
+    assert not same_device("cpu", "cuda:0") and not same_device("cuda:0", "cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert same_device("cuda", "cuda:1") and not same_device("cuda", torch.device("cuda", 0))
+
+
+def test_the_sentence_encoder_takes_the_models_own_device_however_spelt(minilm_dir):
+    from minibert.compat import SentenceEncoder
+
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    want = encoder.encode(["a river bank"])
+    for spelt in ("cpu", "cpu:0", torch.device("cpu", 0)):
+        assert np.array_equal(encoder.encode(["a river bank"], device=spelt), want)
+    with pytest.raises(InputError, match=r"device='cuda:0': the model is on cpu"):
+        encoder.encode(["a river bank"], device="cuda:0")
+    with pytest.raises(InputError, match=r"device='gpu' is not a device"):
+        encoder.encode(["a river bank"], device="gpu")
+
+
+def test_measured_choices_written_at_once_all_kept(tmp_path):
+    """Several writers adding entries to one cache file at the same time (calibrations in threads, or
+    processes): the file holds every entry after (read-modify-write under a lock)."""
+    import threading
+
+    from minibert import measured
+
+    path = tmp_path / "choices.json"
+    threads = [threading.Thread(target=lambda i=i: [measured.write_json_entry(path, "m", f"k{i}-{j}", {"v": j})
+                                                    for j in range(10)]) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(measured.read_json(path)["m"]) == {f"k{i}-{j}" for i in range(4) for j in range(10)}
+    assert not list(tmp_path.glob(".*.tmp"))

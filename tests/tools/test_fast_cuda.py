@@ -90,9 +90,13 @@ def test_hooks_and_maps_still_go_to_the_readable_path(minilm):
 
 
 def test_keeping_only_the_last_hidden_state_takes_less_memory(minilm):
+    """Keeping every hidden state holds the 6 earlier (B, T, H) fp32 states at the end; keeping only the
+    last does not: the peaks differ by at least most of their bytes, whatever the attention route's own
+    temporaries (a ratio of the peaks depended on the route calibration picked)."""
     model, tok = minilm
-    ids = torch.randint(1000, 5000, (64, 256), device=CUDA)
-    mask = (torch.arange(256, device=CUDA)[None] < torch.randint(20, 256, (64, 1), device=CUDA)).long()
+    B, T = 64, 256
+    ids = torch.randint(1000, 5000, (B, T), device=CUDA)
+    mask = (torch.arange(T, device=CUDA)[None] < torch.randint(20, T, (B, 1), device=CUDA)).long()
     run = fast.prepare(model)
     peaks = {}
     for keep in (True, False):
@@ -103,7 +107,8 @@ def test_keeping_only_the_last_hidden_state_takes_less_memory(minilm):
             run(ids, mask, output_hidden_states=keep)
         torch.cuda.synchronize()
         peaks[keep] = torch.cuda.max_memory_allocated() - before
-    assert peaks[False] < peaks[True] / 2
+    earlier_states = model.config.num_hidden_layers * B * T * model.config.hidden_size * 4
+    assert peaks[True] - peaks[False] >= 0.8 * earlier_states, (peaks, earlier_states)
 
 
 def test_the_inference_commands_run_on_the_gpu(minilm_dir, tmp_path, capsys):
@@ -129,12 +134,24 @@ def test_encode_on_the_gpu_equals_the_cpu(minilm_dir, sentences_dir):
 
 
 def test_cuda_graphs_replay_what_the_fast_path_computes(minilm):
+    """One graph per distinct shape (texts of three token counts: counted, not assumed -- "a river bank"
+    and "hello there friend" are both 5 tokens), each replay equal to the fast path bit for bit."""
     model, tok = minilm
     run, plain = fast.prepare(model, cuda_graphs=True), fast.prepare(model)
+    texts = ("a river bank", "the bank raised its rates", "a river bank in the early morning light", "hello there")
+    shapes = set()
     with torch.inference_mode():
-        for text in ("a river bank", "the bank raised its rates", "hello there friend"):
+        for text in texts:
             ids = tok([text], return_tensors="pt")["input_ids"].to(CUDA)
+            shapes.add(tuple(ids.shape))
             graphed, want = run(ids), plain(ids)
             assert torch.equal(graphed.last_hidden_state, want.last_hidden_state)
             assert all(torch.equal(a, b) for a, b in zip(graphed.hidden_states, want.hidden_states))
-    assert len(run.graphs.entries) == 3  # three lengths, three graphs
+    assert len(shapes) >= 3 and len(run.graphs.entries) == len(shapes) == run.graphs.captures
+
+
+def test_a_model_on_cuda_zero_takes_device_cuda():
+    """``encode(..., device="cuda")`` on a model on cuda:0 (torch.device("cuda") != torch.device("cuda", 0))."""
+    from minibert.hardware import same_device
+
+    assert same_device("cuda", torch.device("cuda", torch.cuda.current_device()))

@@ -229,7 +229,7 @@ class FakeGraph:
             self.out.pooler_output.copy_(fresh.pooler_output)
 
 
-def fake_capture(graph, fn, inputs):
+def fake_capture(graph, fn, inputs, pool=None):
     FakeGraph.captures += 1
     graph.fn, graph.inputs = fn, inputs
     graph.out = fn(*inputs)
@@ -241,6 +241,7 @@ def graphs_on_cpu(monkeypatch):
     monkeypatch.setattr(graphs.GraphCache, "check", staticmethod(lambda model: None))
     monkeypatch.setattr(graphs.GraphCache, "make_graph", staticmethod(FakeGraph))
     monkeypatch.setattr(graphs.GraphCache, "capture", staticmethod(fake_capture))
+    monkeypatch.setattr(graphs.GraphCache, "make_pool", staticmethod(object))
     FakeGraph.captures = 0
 
 
@@ -290,7 +291,100 @@ def test_cuda_graphs_capture_once_per_shape_replay_new_inputs_and_follow_the_wei
 
 def test_cuda_graphs_need_a_model_on_a_gpu(minilm_dir):
     model = BertModel.from_pretrained(minilm_dir).eval()
-    with pytest.raises(InputError, match=r"cuda_graphs=True: the model is on cpu; CUDA graphs need a model on a GPU"):
+    with pytest.raises(InputError, match=r"cuda_graphs: the model is on cpu; CUDA graphs need a model on a GPU"):
         fast.prepare(model, cuda_graphs=True)(torch.tensor([[101, 102]]))
     with pytest.raises(InputError, match=r"cuda_graphs='yes': pass True or False"):
         fast.prepare(model, cuda_graphs="yes")
+
+
+# ------------------------------------------------------------------------------------ issue 63
+def test_the_varlen_route_calls_the_kernel_as_each_torch_takes_it(monkeypatch):
+    """torch 2.10 / 2.11's varlen_attn has no ``scale`` keyword (2.12+ has): the route and the capability
+    probe call it alike, passing scale only where it is taken (else folded into q when it is not the
+    kernel's own 1/sqrt(d)). Both kernels' results equal the reference's with the scale asked for."""
+    calls = []
+
+    def old_kernel(q, k, v, cu_q, cu_k, max_q, max_k):  # torch 2.10's signature
+        calls.append("old")
+        return varlen.varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k)
+
+    def new_kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None):
+        calls.append(("new", scale))
+        return varlen.varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(7, 2, 8, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    for scale in (8 ** -0.5, 0.3):
+        want = varlen.varlen_reference(q, k, v, cu, cu, 4, 4, scale=scale)
+        for kernel in (old_kernel, new_kernel):
+            monkeypatch.setattr(varlen, "varlen_kernel", lambda kernel=kernel: kernel)
+            got = varlen.call_varlen(q, k, v, cu, 4, scale)
+            assert (got - want).abs().max() <= 1e-6, (kernel.__name__, scale)
+    assert calls == ["old", ("new", 8 ** -0.5), "old", ("new", 0.3)]
+    # the probe makes the route's very call: with torch 2.10's kernel it passes, and so does the route
+    monkeypatch.setattr(varlen, "varlen_kernel", lambda: old_kernel)
+    varlen.probe("cpu", torch.float32, 8)
+    assert calls[-1] == "old"
+
+
+class SyncCounter:
+    """Counts what makes a GPU wait for the host: ``.item()``, ``.tolist()``, ``nonzero``, ``bool()`` and
+    ``int()`` of a tensor -- recorded on the CPU by wrapping torch's own methods."""
+
+    NAMES = ("item", "tolist", "nonzero", "__bool__", "__int__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(*args, original=original, **kwargs):
+                self.count += 1
+                return original(*args, **kwargs)
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+def test_the_nested_route_gives_its_lengths_from_the_host(monkeypatch):
+    """SDPA on jagged tensors reads the shortest and longest rows with .item() (a host sync each, ~5 a block
+    on a GPU) unless the tensors carry them: the route passes both, from the packing's host lengths."""
+    made = []
+    real = torch.nested.nested_tensor_from_jagged
+
+    def recorded(values, offsets=None, *args, **kwargs):
+        made.append(kwargs)
+        return real(values, offsets, *args, **kwargs)
+    monkeypatch.setattr(torch.nested, "nested_tensor_from_jagged", recorded)
+    mask = torch.arange(12)[None, :] < torch.tensor([12, 5, 9])[:, None]
+    packing = varlen.pack(mask, 3, 12)
+    qkv = torch.randn(int(mask.sum()), 3 * 2 * 8)
+    got = varlen.attend("nested", qkv, packing, 2, 8 ** -0.5)
+    assert made and all(k.get("min_seqlen") == 5 and k.get("max_seqlen") == 12 for k in made)
+    assert (got - varlen.attend("loop", qkv, packing, 2, 8 ** -0.5)).abs().max() <= 1e-5
+
+
+def test_the_padded_routes_bookkeeping_reads_nothing_back(monkeypatch):
+    """Once a batch is packed (one read of its lengths, by design), the padded route's slots and key mask
+    are made without reading the device: sizes from the host's lengths, repeat_interleave told its size."""
+    mask = torch.arange(12)[None, :] < torch.tensor([12, 5, 9])[:, None]
+    packing = varlen.pack(mask, 3, 12)
+    counter = SyncCounter(monkeypatch)
+    slots, keys = packing.padded_slots()
+    syncs = counter.count
+    monkeypatch.undo()
+    assert syncs == 0, f"{syncs} host reads"
+    assert slots.tolist() == [*range(12), *range(12, 17), *range(24, 33)] and keys.sum().item() == 26
+
+
+def test_a_route_that_fails_in_calibration_is_named_and_never_chosen(monkeypatch):
+    """A kernel that raises on this device is left out of the choice with a warning naming it (before, the
+    failure surfaced from inside the first forward pass)."""
+    real = varlen._KERNELS["nested"]
+
+    def broken(*args):
+        raise RuntimeError("no kernel for this GPU")
+    monkeypatch.setitem(varlen._KERNELS, "nested", broken)
+    with pytest.warns(RuntimeWarning, match=r"nested \(RuntimeError: no kernel for this GPU\)"):
+        relative = varlen.calibrate("cpu", torch.float32, 8, rounds=1, rows=4, low=2, high=8)
+    assert "nested" not in relative and relative["padded"] == 1.0 and set(relative) >= {"loop", "padded"}
+    monkeypatch.setitem(varlen._KERNELS, "nested", real)
