@@ -1,9 +1,20 @@
 #!/usr/bin/env python3
 """The fast path on a GPU against transformers (issue 47): one prepared, time-boxed command.
 
-    python benchmarks/bench_gpu.py --name gpu_h200       # on a GPU machine: at most --budget s (default 330)
-    python benchmarks/bench_gpu.py --dry                  # on a CPU, a tiny model, a few rounds: checks the
+    python benchmarks/bench_gpu.py --prepare gpu_kit      # here, on the CPU: one folder (< 60 MB) holding
+                                                          # everything the GPU run reads
+    python benchmarks/bench_gpu.py --from gpu_kit --name gpu_h200   # on a lent GPU machine (no internet):
+                                                          # at most --budget s (default 330)
+    python benchmarks/bench_gpu.py --from gpu_kit --dry   # on a CPU, a tiny model, a few rounds: checks the
                                                           # script end to end (the test suite runs it)
+
+A lent GPU machine has no internet and receives at most 64 MiB beside the repository, so ``--prepare``
+writes the one folder it needs: all-MiniLM-L6-v2 in fp16 with its tokenizer and sentence-transformers
+files (both sides of the embed step read these same weights), the texts, and BERT-base's config (its
+random weights are made there, from a seed); ``manifest.json`` lists every file with its size and sha256.
+The run reads only that folder and the installed packages: it says in one line what it lacks (that step
+skipped, never the hub), writes its JSON and page after every step (a time-out keeps what was done),
+gives the pytest step its own timeout inside ``--budget``, and ends with a one-screen summary.
 
 Steps (``--steps``, all by default), each skipped once the time box is spent (the page says which):
 
@@ -30,6 +41,7 @@ import argparse
 import importlib.util
 import json
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,8 +59,13 @@ from minibert import BertModel  # noqa: E402
 from minibert.tools import fast  # noqa: E402
 from minibert.tools import timing as harness  # noqa: E402
 
-MINILM = ROOT / "weights" / "all-MiniLM-L6-v2"
+MINILM = ROOT / "weights" / "all-MiniLM-L6-v2"  # --prepare's source; the run reads the kit's copy
 RESULTS = ROOT / "benchmarks" / "results"
+KIT_LIMIT = 60 * 2**20  # what a lent machine receives is 64 MiB: the kit stays under 60 MB
+KIT_TEXTS = 20_000  # lines of data/sentences carried (the embed step's corpus)
+ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling/config.json")
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 STEPS = ("test", "batches", "memory", "embed", "report")
 #: (B, T, real-token fraction), and the issue's goal for bf16 fast / transformers (None: none set)
 BATCHES = [((1, 16, 1.0), 0.5), ((32, 128, 1.0), 0.7), ((128, 128, 0.5), 0.5), ((16, 512, 1.0), 0.75),
@@ -79,14 +96,88 @@ class Clock:
         return time.perf_counter() - self.start
 
 
-def model_dir(work: Path, dry: bool) -> Path:
-    """BERT-base geometry (``--dry``: a tiny one) with random weights, built and saved by transformers."""
+def model_dir(work: Path, dry: bool, kit: Path | None = None) -> Path:
+    """BERT-base geometry (``--dry``: a tiny one) with random weights, built and saved by transformers (its
+    config from the kit where there is one: nothing else of it needs carrying)."""
     from conftest import hf_config, random_hf_model
 
     directory = work / ("tiny-random" if dry else "bert-base-random")
     if not (directory / "model.safetensors").exists():
-        random_hf_model(hf_config(**(TINY if dry else {})), seed=0).save_pretrained(directory)
+        geometry = TINY if dry else BASE
+        if kit is not None and not dry and (kit / "bert-base" / "config.json").is_file():
+            saved = json.loads((kit / "bert-base" / "config.json").read_text(encoding="utf-8"))
+            geometry = {k: saved[k] for k in BASE}
+        random_hf_model(hf_config(**geometry), seed=0).save_pretrained(directory)
     return directory
+
+
+def prepare_kit(folder: Path) -> dict:
+    """Everything the GPU run reads, into ``folder`` (refused if it holds anything else): MiniLM in fp16 with
+    its tokenizer and sentence-transformers files, ``texts.txt``, BERT-base's config, ``manifest.json``."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import hf_config
+
+    if folder.exists() and any(folder.iterdir()) and not (folder / "manifest.json").is_file():
+        raise SystemExit(f"--prepare {folder}: the folder holds files this script did not write; name an empty one")
+    if not (MINILM / "model.safetensors").is_file():
+        raise SystemExit(f"--prepare: {MINILM} is missing: python weights/fetch_minilm.py")
+    minilm = folder / "minilm"
+    (minilm / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    weights = {k: v.to(torch.float16) if v.is_floating_point() else v
+               for k, v in load_file(str(MINILM / "model.safetensors")).items()}
+    save_file(weights, str(minilm / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((MINILM / "config.json").read_text(encoding="utf-8"))
+    (minilm / "config.json").write_text(json.dumps(config, indent=1) + "\n")  # loaded in the dtype each step asks
+    for name in (*TOKENIZER_FILES, *ST_FILES):
+        if (MINILM / name).is_file():
+            shutil.copyfile(MINILM / name, minilm / name)
+    texts = read_texts(sorted((ROOT / "data" / "sentences").glob("*.txt")), KIT_TEXTS)
+    (folder / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    (folder / "bert-base").mkdir(exist_ok=True)
+    hf_config(**BASE).to_json_file(str(folder / "bert-base" / "config.json"))
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
+    manifest = {"files": {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+                "texts": len(texts)}
+    manifest["bytes"] = sum(f["bytes"] for f in manifest["files"].values())
+    if manifest["bytes"] > KIT_LIMIT:
+        raise SystemExit(f"--prepare: the kit is {manifest['bytes'] / 2**20:.1f} MiB, over {KIT_LIMIT / 2**20:.0f} MiB")
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    return manifest
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_kit(kit: Path | None, steps: list[str]) -> dict[str, str]:
+    """What the run lacks, step by step (step -> one line), before it starts: the kit's files against its
+    manifest (missing or changed), and the packages each step imports."""
+    import importlib.util as util
+
+    lacking = {}
+    if kit is None:
+        lacking["embed"] = "no --from kit: the embed step reads all-MiniLM-L6-v2 and the texts from one"
+    else:
+        manifest = json.loads((kit / "manifest.json").read_text()) if (kit / "manifest.json").is_file() else None
+        if manifest is None:
+            return {step: f"{kit}/manifest.json is missing (make the kit with --prepare)" for step in steps}
+        for name, entry in manifest["files"].items():
+            path = kit / name
+            if not path.is_file() or path.stat().st_size != entry["bytes"]:
+                step = "batches" if name.startswith("bert-base") else "embed"
+                lacking.setdefault(step, f"{kit / name} is missing or changed")
+    if util.find_spec("sentence_transformers") is None:
+        lacking.setdefault("embed", "sentence-transformers is not installed")
+    if util.find_spec("pytest") is None:
+        lacking.setdefault("test", "pytest is not installed")
+    return {step: why for step, why in lacking.items() if step in steps}
 
 
 def synced(fn, device):
@@ -179,7 +270,7 @@ def read_texts(files: list[Path], limit: int | None) -> list[str]:
     return texts[:limit] if limit else texts
 
 
-def measure_embed(device, texts: list[str], rounds: int) -> list[dict]:
+def measure_embed(device, texts: list[str], rounds: int, minilm: Path = MINILM) -> list[dict]:
     """sentence-transformers' encode against ours, texts per second, fp32 and fp16 (fp32 only on a CPU)."""
     try:
         from sentence_transformers import SentenceTransformer
@@ -195,10 +286,11 @@ def measure_embed(device, texts: list[str], rounds: int) -> list[dict]:
     rows = []
     for short in ("fp32", "fp16") if device.type == "cuda" else ("fp32",):
         dtype = DTYPES[short]
-        theirs = SentenceTransformer(str(MINILM), device=str(device))
+        theirs = SentenceTransformer(str(minilm), device=str(device), local_files_only=True,
+                                     model_kwargs={"dtype": torch.float32})
         if dtype == torch.float16:
             theirs = theirs.half()
-        ours = SentenceEncoder.from_pretrained(MINILM, dtype=dtype, device=device)
+        ours = SentenceEncoder.from_pretrained(minilm, dtype=dtype, device=device)
         fns = {"sentence-transformers": lambda: theirs.encode(texts, batch_size=128, convert_to_numpy=True),
                "minibert": lambda: ours.encode(texts, batch_size=128)}
         for fn in fns.values():
@@ -251,7 +343,8 @@ def page(result: dict) -> str:
              f"Measured on {where}; torch {about['torch']}, transformers {about['transformers']}"
              + (f", sentence-transformers {about['sentence-transformers']}" if "sentence-transformers" in about else "")
              + f", Python {about['python']}. Command: `{result['command']}` ({result['seconds']:.0f} s"
-             + (f"; stopped by the time box before: {', '.join(result['skipped'])}" if result["skipped"] else "") + ").", ""]
+             + (f"; stopped by the time box before: {', '.join(result['skipped'])}" if result["skipped"] else "") + ")."
+             + "".join(f" Skipped {step}: {why}." for step, why in result.get("lacking", {}).items()), ""]
     if result.get("test") is not None:
         lines += [f"`tests/tools/test_fast_cuda.py`: {result['test']}", ""]
     if result["batches"]:
@@ -289,6 +382,8 @@ def page(result: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prepare", type=Path, help="write the folder the GPU run reads (here, on the CPU), then stop")
+    p.add_argument("--from", dest="kit", type=Path, help="the folder --prepare wrote: all the run reads")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)} (default all)")
     p.add_argument("--dry", action="store_true", help="a CPU, a tiny model, 2 rounds: the script checked end to end")
     p.add_argument("--name", default="gpu", help="results file name (benchmarks/results/NAME.md)")
@@ -297,6 +392,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, help="alternating rounds per batch (default 20; --dry 2)")
     p.add_argument("--texts", nargs="*", default=[], help="more text files for the embed step (one text a line)")
     args = p.parse_args(argv)
+    if args.prepare is not None:
+        manifest = prepare_kit(args.prepare)
+        print(f"wrote {args.prepare}: {len(manifest['files'])} files, {manifest['bytes'] / 2**20:.1f} MiB "
+              f"({manifest['texts']} texts); carry it to the GPU machine and run --from {args.prepare}")
+        return 0
     steps = [s for s in args.steps.split(",") if s]
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
@@ -311,36 +411,69 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_gpu_work_"))
     command = "python benchmarks/bench_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {"command": command.strip(), "machine": machine(device), "batches": [], "memory": None, "embed": [],
-              "routes": {}, "test": None, "skipped": []}
-    if "test" in steps and not args.dry:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/tools/test_fast_cuda.py"],
-                           cwd=ROOT, capture_output=True, text=True)
-        result["test"] = (r.stdout.strip().splitlines() or ["no output"])[-1]
-        print("test:", result["test"], flush=True)
-    directory = model_dir(work, args.dry)
-    if "batches" in steps:
-        result["batches"] = measure_batches(directory, device, rounds, args.dry, clock)
-    for step, run in (("memory", lambda: measure_memory(directory, device, args.dry)),
-                      ("embed", lambda: measure_embed(device, read_texts(
-                          sorted((ROOT / "data" / "sentences").glob("*.txt")) + [Path(t) for t in args.texts],
-                          64 if args.dry else None), 1 if args.dry else 2))):
-        if step not in steps:
+              "routes": {}, "test": None, "skipped": [], "lacking": check_kit(args.kit, steps)}
+    for step, why in result["lacking"].items():
+        print(f"{step}: skipped -- {why}", flush=True)
+    name = args.name + ("_dry" if args.dry else "")
+    steps = [s for s in steps if s not in result["lacking"]]
+    kit_texts = [args.kit / "texts.txt"] if args.kit is not None else []
+    directory = model_dir(work, args.dry, args.kit)
+    runs = {"test": lambda: run_tests(clock),
+            "batches": lambda: measure_batches(directory, device, rounds, args.dry, clock),
+            "memory": lambda: measure_memory(directory, device, args.dry),
+            "embed": lambda: measure_embed(device, read_texts(kit_texts + [Path(t) for t in args.texts],
+                                                              64 if args.dry else None),
+                                           1 if args.dry else 2, args.kit / "minilm"),
+            "report": lambda: {short: fast.routes(BertModel.from_pretrained(directory, dtype=dtype, device=device).eval())
+                               for short, dtype in DTYPES.items() if device.type == "cuda" or dtype == torch.float32}}
+    keys = {"report": "routes"}
+    for step in STEPS:
+        if step not in steps or (step == "test" and args.dry):
             continue
         if clock.spent():
             result["skipped"].append(step)
             continue
-        result[step] = run()
-    if "report" in steps:
-        for short, dtype in DTYPES.items():
-            if device.type == "cpu" and dtype != torch.float32:
-                continue
-            result["routes"][short] = fast.routes(BertModel.from_pretrained(directory, dtype=dtype, device=device).eval())
-    result["seconds"] = clock.elapsed()
-    name = args.name + ("_dry" if args.dry else "")
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    (out / f"{name}.md").write_text(page(result), encoding="utf-8")
+        result[keys.get(step, step)] = runs[step]()
+        write_results(out, name, result, clock)  # after every step: a time-out keeps what was done
+    write_results(out, name, result, clock)
+    print(summary(result))
     print(f"wrote {out / (name + '.md')} and .json ({result['seconds']:.0f} s)")
     return 0
+
+
+def run_tests(clock: Clock) -> str:
+    """tests/tools/test_fast_cuda.py in its own process, with at most a quarter of the budget left."""
+    limit = max(30.0, (clock.budget - clock.elapsed()) / 4)
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/tools/test_fast_cuda.py"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=limit)
+        line = (r.stdout.strip().splitlines() or ["no output"])[-1]
+    except subprocess.TimeoutExpired:
+        line = f"stopped after {limit:.0f} s (its share of --budget)"
+    print("test:", line, flush=True)
+    return line
+
+
+def write_results(out: Path, name: str, result: dict, clock: Clock) -> None:
+    result["seconds"] = clock.elapsed()
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text(page(result), encoding="utf-8")
+
+
+def summary(result: dict) -> str:
+    """One screen: each step's outcome, each batch's fast / transformers ratio per dtype."""
+    lines = ["", "step      outcome"]
+    lines.append(f"test      {result['test'] or 'not run'}")
+    for row in result["batches"]:
+        ratios = ", ".join(f"{k} {v:.2f}" for k, v in row["ratio"].items())
+        lines.append(f"batch     {row['dtype']} {row['B']} x {row['T']} ({row['real']:.0%} real): {ratios}")
+    if result["memory"]:
+        lines.append(f"memory    {result['memory']['peak_mib']}")
+    for row in result["embed"]:
+        lines.append(f"embed     {row['dtype']}: {row['speedup']:.2f}x sentence-transformers, max diff {row['max_difference']:.1e}")
+    for step, why in {**result["lacking"], **dict.fromkeys(result["skipped"], "time box spent")}.items():
+        lines.append(f"{step:<9} skipped: {why}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

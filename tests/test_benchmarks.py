@@ -4,6 +4,7 @@ tokens, and its torch nn.TransformerEncoder peer computes the same function as m
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -46,22 +47,71 @@ def test_torch_encoder_peer_computes_the_same_function(bench):
 
 
 def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sentences_dir):
-    """benchmarks/bench_gpu.py --dry: the GPU bench's every step but the CUDA tests, on this CPU with a tiny
-    model (what CI can run; the GPU figures come from a lent GPU). It writes a page naming the machine."""
+    """benchmarks/bench_gpu.py --prepare KIT, then --from KIT --dry: what a lent GPU machine runs, every step
+    but the CUDA tests, on this CPU with a tiny model. The kit is everything the run reads, under the 64 MiB
+    a lent machine receives; a piece missing from it is one line and that step skipped, never the hub."""
     import json
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--dry", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    bench = ROOT / "benchmarks" / "bench_gpu.py"
+    kit = tmp_path / "kit"
+    r = subprocess.run([sys.executable, str(bench), "--prepare", str(kit)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    result = json.loads((tmp_path / "gpu_dry.json").read_text())
+    manifest = json.loads((kit / "manifest.json").read_text())
+    on_disk = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
+    assert on_disk < 64 * 2**20 and manifest["bytes"] < 60 * 2**20 and "minilm/model.safetensors" in manifest["files"]
+    assert {"minilm/1_Pooling/config.json", "minilm/modules.json", "texts.txt", "bert-base/config.json"} <= set(manifest["files"])
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(bench), "--from", str(kit), "--dry", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((out / "gpu_dry.json").read_text())
     assert len(result["batches"]) == 5 and all(set(b["ratio"]) >= {"readable", "fast", "fast, all states"}
                                                for b in result["batches"])
-    assert result["routes"]["fp32"]["attention"] == "loop" and result["skipped"] == []
-    assert [row["texts"] for row in result["embed"]] == [64]
-    text = (tmp_path / "gpu_dry.md").read_text()
+    assert result["routes"]["fp32"]["attention"] == "loop" and result["skipped"] == [] and result["lacking"] == {}
+    assert [row["texts"] for row in result["embed"]] == [64] and result["embed"][0]["max_difference"] < 1e-5
+    text = (out / "gpu_dry.md").read_text()
     assert "a dry run: a tiny model on a CPU, no GPU figure" in text and "torch " in text
-    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--steps", "nope", "--dry"],
+    assert "step      outcome" in r.stdout and "embed     fp32" in r.stdout
+    (kit / "minilm" / "model.safetensors").unlink()  # a piece missing: said, that step skipped
+    r = subprocess.run([sys.executable, str(bench), "--from", str(kit), "--dry", "--out", str(out), "--steps", "embed"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and "embed: skipped -- " in r.stdout and "minilm/model.safetensors is missing" in r.stdout
+    refused = subprocess.run([sys.executable, str(bench), "--steps", "nope", "--dry"],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert refused.returncode == 2 and "unknown ['nope']" in refused.stderr
+
+
+def test_the_cpu_peers_bench_runs_end_to_end_in_its_dry_mode(tmp_path):
+    """benchmarks/bench_cpu_peers.py --dry: every runner installed here (transformers, minibert fp32 and
+    int8; ONNX Runtime fp32 and int8, OpenVINO, CTranslate2 where installed) on a tiny random model, timed
+    and checked against transformers; a page naming the machine, the threads and the versions."""
+    import importlib.util as util
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cpu_peers.py"), "--dry", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "cpu_peers_dry.json").read_text())
+    (model,) = result["models"]
+    expected = {"transformers sdpa", "transformers eager", "minibert fast", "minibert int8"}
+    installed = {"onnxruntime": {"ORT fp32", "ORT int8"}, "openvino": {"OpenVINO fp32"},
+                 "ctranslate2": {"CT2 fp32", "CT2 int8"}}
+    for package, names in installed.items():
+        if util.find_spec(package) is not None and util.find_spec("onnx") is not None:
+            expected |= names
+    for row in model["rows"]:
+        assert set(row["runners"]) == expected, (set(row["runners"]), expected)
+        for name, cell in row["runners"].items():
+            assert cell["ms"] > 0 and cell["ratio"] > 0
+            # fp32 runtimes agree with transformers to fp32 noise; int8 ones by their sentence vectors
+            assert cell["largest_difference"] < (0.5 if "int8" in name else 1e-4), (name, cell)
+            assert cell["cosine_min"] > (0.98 if "int8" in name else 0.99999), (name, cell)
+        assert ("fast_over_ort" in row) == ("ORT fp32" in expected)
+    text = (tmp_path / "cpu_peers_dry.md").read_text()
+    assert "A dry run" in text and "2 threads for every runner" in text and "torch " in text
+    assert result["machine"]["cpu"] in text

@@ -12,10 +12,14 @@ import statistics
 import time
 
 
-def alternate(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False) -> dict[str, list[float]]:
+def alternate(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False,
+              settle: int = 0) -> dict[str, list[float]]:
     """Seconds of each call of each function: ``warmup`` untimed calls each first, then ``rounds`` rounds
     calling every function once (A, B, C, A, B, C, ...; with ``rotate`` each round starts one later, so no
-    function always runs right after the same one)."""
+    function always runs right after the same one). ``settle``: untimed calls of a function right before
+    each timed one, so that it starts with its own weights in cache and its own threads awake (where
+    several runtimes share a process, each with a thread pool, the one that ran before may still hold
+    the cores for a while)."""
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -24,6 +28,8 @@ def alternate(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False) 
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)] if rotate else names
         for name in order:
+            for _ in range(settle):
+                fns[name]()
             start = time.perf_counter()
             fns[name]()
             times[name].append(time.perf_counter() - start)

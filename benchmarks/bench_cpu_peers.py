@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""minibert's fast path against what its users run on a CPU instead (issue 62): ONNX Runtime with its BERT
+graph optimiser (fp32, and dynamic int8), OpenVINO (fp32), CTranslate2 (fp32, int8), transformers (sdpa,
+eager), and minibert's fast path in fp32 and int8 -- on all-MiniLM-L6-v2 (real weights) and BERT-base
+geometry (random weights that transformers builds and saves), three batches: one short query (1 x 16),
+a dense 8 x 128 batch, a padded 16 x 128 batch at 38 % real tokens.
+
+Every runner is timed in the same alternating rounds in one process, each with the same number of threads
+(``--threads``, default 2); a figure is the median over rounds of the paired ratio to transformers' fp32
+``BertModel`` (sdpa), and the milliseconds of the median round. Beside the times: each runner's largest
+difference from transformers at real tokens (fp32 noise is ~1e-6; int8 is judged by the cosine of
+mean-pooled sentence vectors). The goals of issue 62 are time / ORT's optimised fp32 graph: 1 x 16 <= 0.9,
+dense <= 0.9, padded <= 0.5.
+
+    pip install -c constraints.txt -e ".[test,bench]"
+    python benchmarks/bench_cpu_peers.py --name cpu_peers_epyc-zen4     # ~10 minutes on 2 cores
+    python benchmarks/bench_cpu_peers.py --dry --out /tmp/peers          # a tiny model, 2 rounds (the test suite)
+
+A runtime that is not installed is left out and named on the page. The ONNX graph is transformers' model
+exported by ``torch.onnx.export`` (opset 17, eager attention, so ORT's optimiser fuses every block:
+EmbedLayerNormalization, Attention, BiasGelu, SkipLayerNormalization); OpenVINO reads the same graph
+before ORT's fusions; CTranslate2 converts the checkpoint (its converter reads ``position_embedding_type``,
+which transformers 5's ``BertConfig`` no longer has: set to "absolute" in a copy first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from minibert import BertModel  # noqa: E402
+from minibert.hardware import cpu_description, cpu_info  # noqa: E402
+from minibert.tools import fast  # noqa: E402
+from minibert.tools import timing as harness  # noqa: E402
+
+#: (name, B, T, real-token fraction, goal for our fast path's time / ORT's optimised fp32)
+BATCHES = [("1 x 16", 1, 16, 1.0, 0.9), ("dense 8 x 128", 8, 128, 1.0, 0.9), ("padded 16 x 128", 16, 128, 0.38, 0.5)]
+DRY_BATCHES = [("1 x 16", 1, 16, 1.0, 0.9), ("padded 4 x 32", 4, 32, 0.5, 0.5)]
+BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+TINY = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+SPINNING = True  # ORT's idle threads spin (its default); --no-ort-spinning turns it off
+PACKAGES = ("torch", "transformers", "onnxruntime", "onnx", "openvino", "ctranslate2")
+
+
+def batch(B: int, T: int, real: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random word ids in [1000, 20000) with [CLS] and [SEP]; right padding to the lengths of ``real``."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [T] * B if real >= 1 else [min(T, max(3, round(T * real * (0.5 + (i % 4) / 3)))) for i in range(B)]
+    ids = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(1000, 20000, (n,), generator=g)
+        ids[i, 0], ids[i, n - 1] = 101, 102
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+# --------------------------------------------------------------------------------------- the runners
+def transformers_runner(folder: Path, attn: str):
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(str(folder), attn_implementation=attn).eval()
+
+    def run(b):
+        with torch.inference_mode():
+            return model(**b).last_hidden_state.numpy()
+    return run
+
+
+def minibert_runner(folder: Path, dtype: str):
+    model = BertModel.from_pretrained(folder, dtype=None if dtype == "fp32" else dtype).eval()
+    runner = fast.prepare(model)
+
+    def run(b):
+        return runner(**b, output_hidden_states=False).last_hidden_state.numpy()
+    return run
+
+
+def export_onnx(folder: Path, work: Path, config) -> Path:
+    """transformers' model (eager attention: the form ORT's optimiser fuses) as an ONNX graph, dynamic
+    batch and length; inputs input_ids, attention_mask, token_type_ids; output last_hidden_state."""
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+
+    class LastState(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    b = batch(2, 8, 1.0)
+    path = work / "model.onnx"
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {n: {0: "batch", 1: "length"} for n in [*names, "last_hidden_state"]}
+    torch.onnx.export(LastState(model), tuple(b[n] for n in names), str(path), input_names=names,
+                      output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    return path
+
+
+def ort_runners(onnx_path: Path, config, threads: int) -> dict:
+    """ORT on the optimised fp32 graph, and on its dynamic int8 quantisation (ORT's defaults)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers import optimizer
+
+    optimised = onnx_path.with_name("model_opt.onnx")
+    graph = optimizer.optimize_model(str(onnx_path), model_type="bert", num_heads=config.num_attention_heads,
+                                     hidden_size=config.hidden_size)
+    graph.save_model_to_file(str(optimised))
+    fused = {k: v for k, v in graph.get_fused_operator_statistics().items() if v}
+    int8 = onnx_path.with_name("model_int8.onnx")
+    import onnx
+
+    # the fused contrib operators carry no type for shape inference: their outputs are fp32
+    quantize_dynamic(str(optimised), str(int8), weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    # ORT's pool threads spin for a while after each run, its default (one short query: ~3.1 against
+    # ~4.1 ms without, MiniLM on the Zen 4); ``--no-ort-spinning`` turns it off
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if SPINNING else "0")
+    runners = {}
+    for name, path in (("ORT fp32", optimised), ("ORT int8", int8)):
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        runners[name] = (lambda b, s=session: s.run(None, {k: v.numpy() for k, v in b.items()})[0])
+    return runners, fused
+
+
+def openvino_runner(onnx_path: Path, threads: int):
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(str(onnx_path), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                          "INFERENCE_PRECISION_HINT": "f32"})  # not bf16
+    request = compiled.create_infer_request()
+
+    def run(b):
+        request.infer({k: v.numpy() for k, v in b.items()})
+        return request.get_output_tensor(0).data.copy()
+    return run
+
+
+def ct2_runners(folder: Path, work: Path, threads: int) -> dict:
+    import ctranslate2
+
+    copy = work / "ct2_source"
+    shutil.copytree(folder, copy, dirs_exist_ok=True)
+    config = json.loads((copy / "config.json").read_text())
+    config.setdefault("position_embedding_type", "absolute")  # what CTranslate2's converter reads
+    (copy / "config.json").write_text(json.dumps(config))
+    converted = work / "ct2"
+    ctranslate2.converters.TransformersConverter(str(copy)).convert(str(converted), force=True)
+    runners = {}
+    for name, compute in (("CT2 fp32", "float32"), ("CT2 int8", "int8")):
+        encoder = ctranslate2.Encoder(str(converted), device="cpu", compute_type=compute, intra_threads=threads)
+
+        def run(b, e=encoder):
+            lengths = b["attention_mask"].sum(1)
+            ids = [row[:n].tolist() for row, n in zip(b["input_ids"], lengths.tolist())]
+            out = np.array(e.forward_batch(ids).last_hidden_state)  # (B, longest, H), zeros past each length
+            T = b["input_ids"].shape[1]
+            return np.pad(out, ((0, 0), (0, T - out.shape[1]), (0, 0)))
+        runners[name] = run
+    return runners
+
+
+def build_runners(folder: Path, config, threads: int, work: Path) -> tuple[dict, dict]:
+    """Every runner that can be built here but CTranslate2's (``measure_ct2``: a process of its own), and
+    what was left out (name -> why)."""
+    runners = {"transformers sdpa": transformers_runner(folder, "sdpa"),
+               "transformers eager": transformers_runner(folder, "eager"),
+               "minibert fast": minibert_runner(folder, "fp32"), "minibert int8": minibert_runner(folder, "int8")}
+    missing, notes = {}, {}
+    try:
+        onnx_path = export_onnx(folder, work, config)
+    except ImportError as e:
+        missing["ONNX export"] = f"not installed ({e.name})"
+        return runners, {"missing": missing}
+    for label, build in (("ORT", lambda: ort_runners(onnx_path, config, threads)),
+                         ("OpenVINO", lambda: {"OpenVINO fp32": openvino_runner(onnx_path, threads)})):
+        try:
+            made = build()
+        except ImportError as e:
+            missing[label] = f"not installed ({e.name})"
+            continue
+        if label == "ORT":
+            made, notes["ORT fusions"] = made
+        runners.update(made)
+    return runners, {"missing": missing, **notes}
+
+
+# --------------------------------------------------------------------------------------- measuring
+def agreement(got: np.ndarray, want: np.ndarray, mask: torch.Tensor) -> dict:
+    """Largest difference at real tokens, and the lowest cosine of mean-pooled sentence vectors."""
+    m = mask.numpy().astype(bool)
+    largest = float(np.abs(got - want)[m].max())
+    w = mask.numpy()[..., None].astype(np.float64)
+    a, b = (got * w).sum(1) / w.sum(1), (want * w).sum(1) / w.sum(1)
+    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return {"largest_difference": largest, "cosine_min": float(cosine.min())}
+
+
+def measure(runners: dict, batches: list, rounds: int) -> list[dict]:
+    rows = []
+    for name, B, T, real, goal in batches:
+        b = batch(B, T, real, seed=1)
+        want = runners["transformers sdpa"](b)
+        repeat = 20 if B * T <= 16 else 1  # a short query is timed over 20 calls a round
+        fns = {k: (lambda run=run: [run(b) for _ in range(repeat)]) for k, run in runners.items()}
+        # each runner's timed calls follow untimed ones of its own: the runtime before it may have left
+        # its threads spinning (ORT's default), its weights in cache
+        times = harness.alternate(fns, rounds, warmup=1, rotate=True, settle=1)
+        row = {"batch": name, "B": B, "T": T, "real_fraction": real, "goal": goal, "runners": {}}
+        for k, run in runners.items():
+            row["runners"][k] = {"ratio": round(harness.paired_ratio(times, k, "transformers sdpa"), 3),
+                                 "ms": round(1e3 * sorted(times[k])[len(times[k]) // 2] / repeat, 3),
+                                 **agreement(run(b), want, b["attention_mask"])}
+        ort = row["runners"].get("ORT fp32")
+        if ort:
+            row["fast_over_ort"] = round(harness.paired_ratio(times, "minibert fast", "ORT fp32"), 3)
+        rows.append(row)
+        print(f"{name}: " + ", ".join(f"{k} {v['ratio']:.3f}" for k, v in row["runners"].items())
+              + (f"; fast / ORT {row['fast_over_ort']:.3f} (goal <= {goal})" if ort else ""), flush=True)
+    return rows
+
+
+def measure_ct2(folder: Path, work: Path, args, rounds: int) -> dict | str:
+    """CTranslate2's rows, measured in a process of its own beside its own transformers baseline: once
+    CTranslate2 has run in a process, every torch operator there is slower for good (its OpenMP runtime,
+    a second copy of libgomp, leaves torch's threads waking slowly: on the Zen 4 a LayerNorm call 6.5 ->
+    45 us, the fast path's one short query 4.3 -> 6.7 ms), which would charge CTranslate2's cost to every
+    runner timed after it. The rows (batch -> runner -> cell), or why there are none."""
+    import importlib.util as util
+    import subprocess
+
+    if util.find_spec("ctranslate2") is None:
+        return "not installed (ctranslate2)"
+    out = work / "ct2.json"
+    command = [sys.executable, __file__, "--ct2-only", str(folder), "--ct2-json", str(out), "--rounds", str(rounds),
+               "--threads", str(args.threads)] + (["--dry"] if args.dry else [])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        return f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+    return json.loads(out.read_text())
+
+
+def merge_ct2(rows: list[dict], ct2, notes: dict) -> None:
+    """CTranslate2's cells (ratios to the transformers baseline of its own process) into ``rows``."""
+    if isinstance(ct2, str):
+        notes.setdefault("missing", {})["CTranslate2"] = ct2
+        return
+    for row in rows:
+        for name, cell in ct2[row["batch"]].items():
+            if name != "transformers sdpa":
+                row["runners"][name] = {**cell, "own_process": True}
+
+
+def ct2_only(folder: Path, out: Path, dry: bool, rounds: int, threads: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="bench_ct2_") as tmp:
+        runners = {"transformers sdpa": transformers_runner(folder, "sdpa"), **ct2_runners(folder, Path(tmp), threads)}
+        rows = measure(runners, DRY_BATCHES if dry else BATCHES, rounds)
+    out.write_text(json.dumps({row["batch"]: row["runners"] for row in rows}))
+    return 0
+
+
+def machine(threads: int) -> dict:
+    _, flags = cpu_info()
+    versions = {}
+    for package in PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {"cpu": cpu_description(), "flags": [f for f in FLAGS if f in flags], "threads": threads,
+            "python": sys.version.split()[0], "versions": versions}
+
+
+def page(result: dict) -> str:
+    about = result["machine"]
+    lines = ["# minibert's fast path against ONNX Runtime, OpenVINO and CTranslate2 on a CPU", "",
+             f"Measured on {about['cpu']} (flags: {', '.join(about['flags']) or 'none of ' + ', '.join(FLAGS)}), "
+             f"{about['threads']} threads for every runner (ORT's idle threads "
+             f"{'spinning, its default' if result.get('ort_spinning') else 'not spinning'}), Python {about['python']}; "
+             + ", ".join(f"{k} {v}" for k, v in about["versions"].items())
+             + f". Command: `{result['command']}` ({result['seconds']:.0f} s, {result['rounds']} alternating rounds)."
+             + (" **A dry run: a tiny model, no figure to read.**" if result["dry"] else ""), "",
+             "Each cell: time / transformers' fp32 `BertModel` (sdpa), the median over rounds of the paired "
+             "ratio, with the milliseconds of the median round; the last row: each runner's largest difference "
+             "from transformers at real tokens and the lowest cosine of mean-pooled sentence vectors, on the "
+             "last batch. CTranslate2 is timed in a process of its own, against transformers there: once it "
+             "has run, every torch operator in its process is slower for good (its own copy of libgomp; on the "
+             "Zen 4 a LayerNorm call went 6.5 -> 45 us), which would charge its cost to the runners after it. "
+             "The last column is issue 62's measure: our fast path's time / ORT's "
+             "optimised fp32 graph, beside its goal.", ""]
+    for model in result["models"]:
+        names = list(model["rows"][0]["runners"])
+        lines += [f"## {model['name']}", "", "| batch | " + " | ".join(names) + " | fast / ORT fp32 (goal) |",
+                  "|---" * (len(names) + 2) + "|"]
+        for row in model["rows"]:
+            cells = [f"{row['runners'][n]['ratio']:.3f} ({row['runners'][n]['ms']:.2f} ms)" for n in names]
+            over = (f"**{row['fast_over_ort']:.2f}** (<= {row['goal']})" if "fast_over_ort" in row else "no ORT")
+            lines.append(f"| {row['batch']} | " + " | ".join(cells) + f" | {over} |")
+        lines.append("| largest difference (last batch) | " + " | ".join(
+            f"{model['rows'][-1]['runners'][n]['largest_difference']:.1e}, cos {model['rows'][-1]['runners'][n]['cosine_min']:.4f}"
+            for n in names) + " | |")
+        notes = model["notes"]
+        if notes.get("ORT fusions"):
+            lines += ["", "ORT's optimiser fused: " + ", ".join(f"{k} {v}" for k, v in notes["ORT fusions"].items()) + "."]
+        if notes.get("missing"):
+            lines += ["", "Left out: " + "; ".join(f"{k}: {v}" for k, v in notes["missing"].items()) + "."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def models(dry: bool, work: Path) -> list[tuple[str, Path]]:
+    from conftest import hf_config, random_hf_model
+
+    if dry:
+        folder = work / "tiny"
+        random_hf_model(hf_config(**TINY), seed=0).save_pretrained(folder)
+        return [("a tiny random BERT (2 x 64)", folder)]
+    spec = importlib.util.spec_from_file_location("fetch_minilm", ROOT / "weights" / "fetch_minilm.py")
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    base = work / "base"
+    random_hf_model(hf_config(**BASE), seed=0).save_pretrained(base)
+    return [("all-MiniLM-L6-v2 (real weights, 6 x 384)", Path(fetch.fetch())),
+            ("BERT-base geometry (random weights, 12 x 768)", base)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--name", default="cpu_peers", help="results file name (benchmarks/results/NAME.md and .json)")
+    p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 15; --dry 2)")
+    p.add_argument("--threads", type=int, default=2, help="threads of every runner (default 2)")
+    p.add_argument("--dry", action="store_true", help="a tiny random model, 2 rounds: every step, no figure")
+    p.add_argument("--no-ort-spinning", action="store_true",
+                   help="ORT's idle threads sleep at once (its default is to spin a while)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the results files")
+    p.add_argument("--ct2-only", type=Path, default=None, help=argparse.SUPPRESS)  # the child of measure_ct2
+    p.add_argument("--ct2-json", type=Path, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    global SPINNING
+    SPINNING = not args.no_ort_spinning
+    if args.threads < 1 or (args.rounds is not None and args.rounds < 1):
+        p.error(f"--threads={args.threads} and --rounds={args.rounds} must be at least 1")
+    torch.set_num_threads(args.threads)
+    rounds = args.rounds or (2 if args.dry else 15)
+    if args.ct2_only is not None:
+        return ct2_only(args.ct2_only, args.ct2_json, args.dry, rounds, args.threads)
+    start = time.time()
+    result = {"machine": machine(args.threads), "rounds": rounds, "dry": args.dry, "models": [],
+              "ort_spinning": SPINNING,
+              "command": "python benchmarks/bench_cpu_peers.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    with tempfile.TemporaryDirectory(prefix="bench_cpu_peers_") as tmp:
+        work = Path(tmp)
+        for name, folder in models(args.dry, work):
+            from minibert import BertConfig
+
+            config = BertConfig.from_json_file(folder / "config.json")
+            where = work / name.split()[0]
+            where.mkdir()
+            runners, notes = build_runners(folder, config, args.threads, where)
+            print(f"{name}: {', '.join(runners)}" + (f" (left out: {notes['missing']})" if notes["missing"] else ""))
+            rows = measure(runners, DRY_BATCHES if args.dry else BATCHES, rounds)
+            del runners
+            merge_ct2(rows, measure_ct2(folder, where, args, rounds), notes)
+            result["models"].append({"name": name, "rows": rows, "notes": notes})
+    result["seconds"] = time.time() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name + ("_dry" if args.dry and args.name == "cpu_peers" else "")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{name}.md").write_text(page(result) + "\n")
+    print(f"wrote {out / name}.md and .json ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
