@@ -84,7 +84,7 @@ def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sen
     assert refused.returncode == 2 and "unknown ['nope']" in refused.stderr
 
 
-def test_the_cpu_peers_bench_runs_end_to_end_in_its_dry_mode(tmp_path):
+def test_the_cpu_peers_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sentences_dir):
     """benchmarks/bench_cpu_peers.py --dry: every runner installed here (transformers, minibert fp32 and
     int8; ONNX Runtime fp32 and int8, OpenVINO, CTranslate2 where installed) on a tiny random model, timed
     and checked against transformers; a page naming the machine, the threads and the versions."""
@@ -112,6 +112,10 @@ def test_the_cpu_peers_bench_runs_end_to_end_in_its_dry_mode(tmp_path):
             assert cell["largest_difference"] < (0.5 if "int8" in name else 1e-4), (name, cell)
             assert cell["cosine_min"] > (0.98 if "int8" in name else 0.99999), (name, cell)
         assert ("fast_over_ort" in row) == ("ORT fp32" in expected)
+    e2e = result["end_to_end"]  # 64 sentences through minibert, ORT's pipeline and sentence-transformers
+    assert e2e["texts"] == 64 and set(e2e["texts_per_second"]) == {"minibert", "ORT + Rust tokenizer",
+                                                                    "sentence-transformers"}
+    assert max(e2e["largest_difference"].values()) < 1e-5
     text = (tmp_path / "cpu_peers_dry.md").read_text()
-    assert "A dry run" in text and "2 threads for every runner" in text and "torch " in text
+    assert "A dry run" in text and "texts per second" in text and "2 threads for every runner" in text and "torch " in text
     assert result["machine"]["cpu"] in text
