@@ -116,8 +116,8 @@ def export_onnx(folder: Path, work: Path, config) -> Path:
     return path
 
 
-def ort_runners(onnx_path: Path, config, threads: int) -> dict:
-    """ORT on the optimised fp32 graph, and on its dynamic int8 quantisation (ORT's defaults)."""
+def ort_runners(onnx_path: Path, config, threads: int, int8: bool = True) -> dict:
+    """ORT on the optimised fp32 graph, and (``int8``) on its dynamic int8 quantisation (ORT's defaults)."""
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
@@ -127,19 +127,20 @@ def ort_runners(onnx_path: Path, config, threads: int) -> dict:
                                      hidden_size=config.hidden_size)
     graph.save_model_to_file(str(optimised))
     fused = {k: v for k, v in graph.get_fused_operator_statistics().items() if v}
-    int8 = onnx_path.with_name("model_int8.onnx")
-    import onnx
+    quantised = onnx_path.with_name("model_int8.onnx")
+    if int8:
+        import onnx
 
-    # the fused contrib operators carry no type for shape inference: their outputs are fp32
-    quantize_dynamic(str(optimised), str(int8), weight_type=QuantType.QInt8,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        # the fused contrib operators carry no type for shape inference: their outputs are fp32
+        quantize_dynamic(str(optimised), str(quantised), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     # ORT's pool threads spin for a while after each run, its default (one short query: ~3.1 against
     # ~4.1 ms without, MiniLM on the Zen 4); ``--no-ort-spinning`` turns it off
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if SPINNING else "0")
     runners = {}
-    for name, path in (("ORT fp32", optimised), ("ORT int8", int8)):
+    for name, path in (("ORT fp32", optimised), ("ORT int8", quantised))[:2 if int8 else 1]:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         runners[name] = (lambda b, s=session: s.run(None, {k: v.numpy() for k, v in b.items()})[0])
     return runners, fused
@@ -317,7 +318,7 @@ def end_to_end(folder: Path, work: Path, config, threads: int, texts: list[str],
 
     ours = SentenceEncoder.from_pretrained(folder)
     theirs = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
-    runners, _ = ort_runners(export_onnx(folder, work, config), config, threads)
+    runners, _ = ort_runners(export_onnx(folder, work, config), config, threads, int8=False)
     ort_model = runners["ORT fp32"]
     fast_tok = transformers.AutoTokenizer.from_pretrained(str(folder))
 

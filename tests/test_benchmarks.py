@@ -46,7 +46,7 @@ def test_torch_encoder_peer_computes_the_same_function(bench):
     assert (ours - theirs)[valid].abs().max() <= 1e-5
 
 
-def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sentences_dir):
+def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sentences_dir, capsys):
     """benchmarks/bench_gpu.py --prepare KIT, then --from KIT --dry: what a lent GPU machine runs, every step
     but the CUDA tests, on this CPU with a tiny model. The kit is everything the run reads, under the 64 MiB
     a lent machine receives; a piece missing from it is one line and that step skipped, never the hub."""
@@ -75,13 +75,16 @@ def test_the_gpu_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sen
     text = (out / "gpu_dry.md").read_text()
     assert "a dry run: a tiny model on a CPU, no GPU figure" in text and "torch " in text
     assert "step      outcome" in r.stdout and "embed     fp32" in r.stdout
+    spec = importlib.util.spec_from_file_location("bench_gpu", bench)  # the checks below: in this process
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     (kit / "minilm" / "model.safetensors").unlink()  # a piece missing: said, that step skipped
-    r = subprocess.run([sys.executable, str(bench), "--from", str(kit), "--dry", "--out", str(out), "--steps", "embed"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0 and "embed: skipped -- " in r.stdout and "minilm/model.safetensors is missing" in r.stdout
-    refused = subprocess.run([sys.executable, str(bench), "--steps", "nope", "--dry"],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert refused.returncode == 2 and "unknown ['nope']" in refused.stderr
+    lacking = module.check_kit(kit, ["embed", "batches", "report"])
+    assert list(lacking) == ["embed"] and "minilm/model.safetensors is missing" in lacking["embed"]
+    assert set(module.check_kit(tmp_path / "nothing", ["test", "embed"])) == {"test", "embed"}
+    with pytest.raises(SystemExit) as refused:
+        module.main(["--steps", "nope", "--dry"])
+    assert refused.value.code == 2 and "unknown ['nope']" in capsys.readouterr().err
 
 
 def test_the_cpu_peers_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir, sentences_dir):
