@@ -27,7 +27,8 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
    bf16/fp16 weights are prepacked once into oneDNN's blocked layout (AMX kernels), and the GELU runs
    inside the first FFN product wherever a weight is prepacked.
 4. **inference_mode**, in-place residual adds and GELU, PyTorch's fused attention kernel, and the two
-   big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``tools/blocks.py``, the fused block).
+   big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``tools/blocks.py``:
+   the fused block).
 
 An int8 model (``dtype="int8"``, ``minibert.quantize``) runs its own quantised weights here, Q, K and V
 fused by rows (activations are quantised per token, so packing does not change their quantisation).
