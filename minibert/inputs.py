@@ -47,10 +47,13 @@ def _check_range(name: str, ids: torch.Tensor, limit: int, what: str, hint: str 
                          f"[0, {limit}) ({what}={limit}){hint}")
 
 
-def check_inputs(config: BertConfig, device, input_ids, attention_mask, token_type_ids, position_ids):
+def check_inputs(config: BertConfig, device, input_ids, attention_mask, token_type_ids, position_ids,
+                 check_values: bool = True):
     """Validate and normalise the forward arguments: (B, T) long tensors on ``device``, default token
     types (0) and positions (0..T-1), and ``attention_mask=None`` when it masks nothing (as transformers,
-    which then drops the mask; under torch.compile the mask is kept, since that test reads values)."""
+    which then drops the mask; under torch.compile the mask is kept, since that test reads values).
+    ``check_values=False``: shapes and dtypes only, no value read back from the device (the caller checked
+    the same inputs on the host: ``tools.fast.host_packing``); the mask is then kept as given."""
     input_ids = _as_long_tensor("input_ids", input_ids, device)
     unsqueeze = input_ids.dim() == 1
     if unsqueeze:
@@ -64,7 +67,8 @@ def check_inputs(config: BertConfig, device, input_ids, attention_mask, token_ty
         raise InputError(
             f"input_ids has {T} tokens per sequence, more than max_position_embeddings="
             f"{config.max_position_embeddings}; truncate the input (e.g. tokenizer(..., truncation=True))")
-    _check_range("input_ids", input_ids, config.vocab_size, "vocab_size")
+    if check_values:
+        _check_range("input_ids", input_ids, config.vocab_size, "vocab_size")
 
     def same_shape(name, value, integer=True, broadcast=False):
         """``broadcast``: one row, (1, T) or (T,), stands for every row of the batch (as in transformers)."""
@@ -91,12 +95,13 @@ def check_inputs(config: BertConfig, device, input_ids, attention_mask, token_ty
     position_ids = same_shape("position_ids", position_ids, broadcast=True)
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
-    else:
+    elif check_values:
         _check_range("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")
     if position_ids is None:
         position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
-    else:
+    elif check_values:
         _check_range("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings")
-    if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+    if (check_values and attention_mask is not None and not torch.compiler.is_compiling()
+            and bool(attention_mask.all())):
         attention_mask = None  # no padding at all: no mask
     return input_ids, attention_mask, token_type_ids, position_ids

@@ -371,3 +371,20 @@ def toy_rows(n, seed):
 def write_csv(path, rows):
     path.write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows), encoding="utf-8")
     return path
+
+
+class SyncCounter:
+    """Counts what makes a GPU wait for the host: ``.item()``, ``.tolist()``, ``nonzero``, ``bool()`` and
+    ``int()`` of a tensor -- recorded on the CPU by wrapping torch's own methods."""
+
+    NAMES = ("item", "tolist", "nonzero", "__bool__", "__int__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(*args, original=original, **kwargs):
+                self.count += 1
+                return original(*args, **kwargs)
+            monkeypatch.setattr(torch.Tensor, name, counted)

@@ -31,7 +31,7 @@ from ..checks import check_index, encoder_of
 from ..errors import InputError
 from ..hardware import inference_device
 from .batching import collate, plan_batches, prefetch
-from .fast import prepare
+from .fast import host_packing, prepare
 from .pooling import pool
 from .progress import progress_bar
 
@@ -73,9 +73,11 @@ class _Pooling:
         self.combine, self.normalize = combine, normalize
         self.width = encoder.config.hidden_size * len(self.modes) * (len(self.layers) if combine == "concat" else 1)
 
-    def __call__(self, run, batch) -> torch.Tensor:
-        """(B, width) float32 vectors of one batch, on the model's device."""
-        result = run(**batch, output_hidden_states=self.layers)  # only the pooled states are kept
+    def __call__(self, run, batch, packing=None) -> torch.Tensor:
+        """(B, width) float32 vectors of one batch, on the model's device (``packing``: made on the host,
+        ``fast.host_packing``)."""
+        extra = {} if packing is None else {"packing": packing}
+        result = run(**batch, output_hidden_states=self.layers, **extra)  # only the pooled states are kept
         per_layer = [torch.cat([pool(result.hidden_states[i], batch["attention_mask"], m) for m in self.modes], -1)
                      for i in self.layers]  # each (B, H x modes)
         vectors = (torch.cat(per_layer, -1) if self.combine == "concat" else torch.stack(per_layer).mean(0)).float()
@@ -130,8 +132,11 @@ def _run_batches(encoder, pooling: _Pooling, batches, count: int, progress: bool
     try:
         with torch.inference_mode():
             for rows, batch in batches:
+                # off the CPU, the batch is checked and packed on the host before its copy: the forward then
+                # never waits for the device to say what the batch holds
+                packing = None if device.type == "cpu" else host_packing(encoder, **batch)
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                collect.add(rows, pooling(run, batch))
+                collect.add(rows, pooling(run, batch, packing))
                 bar.update(len(rows))
             collect.flush()
     finally:

@@ -64,7 +64,7 @@ from .graphs import TF32, GraphCache
 from .hooks import has_hooks
 
 __all__ = ["prepare", "FastBert", "routes", "noise_factor", "release", "cached_bytes", "kept_states", "Stepper",
-           "FP32_KERNELS", "NOISE_FACTOR", "summation_block"]
+           "host_packing", "FP32_KERNELS", "NOISE_FACTOR", "summation_block"]
 
 FP32_KERNELS = ("auto",) + kernels.ROUTES  # see the module docstring, point 3, and tools/kernels.py
 summation_block = kernels.summation_block  # public here too: README and the benchmarks name it so
@@ -143,11 +143,13 @@ class FastBert:
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                  output_attentions=False, output_hidden_states=True, *, num_blocks=None,
-                 skip_blocks=()) -> BertOutput:
+                 skip_blocks=(), packing: varlen.Packing | None = None) -> BertOutput:
         """As ``BertModel.forward``. ``output_hidden_states``: True (all of them, the default), False
         (``hidden_states`` is None) or the indices to keep (e.g. ``[-1]`` or ``[0, 6]``): ``hidden_states``
         then has its usual length with None in the places not kept. Only what is kept is scattered back to
-        (B, T, H); the rest is freed block by block."""
+        (B, T, H); the rest is freed block by block. ``packing``: the batch's ``varlen.Packing`` made on the
+        host (``host_packing``), which also says its values were checked there: the forward then reads
+        nothing back from the device."""
         model = self.model
         num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
         keep = kept_states(output_hidden_states, model.config, num_blocks)
@@ -166,12 +168,18 @@ class FastBert:
             out.hidden_states = None if keep is None else tuple(t if i in keep else None for i, t in enumerate(states))
             return out
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
-            model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids)
+            model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids,
+            check_values=packing is None)  # with a host packing the values were checked on the host
+        if packing is not None:
+            if (packing.B, packing.T) != tuple(input_ids.shape):
+                raise InputError(f"packing is of a {packing.B} x {packing.T} batch; input_ids is "
+                                 f"{tuple(input_ids.shape)} (make it with fast.host_packing of this batch)")
+            attention_mask = None if packing.dense else attention_mask
         attention = self.attention_route()
 
         def forward(input_ids, token_type_ids, position_ids, attention_mask=attention_mask):
             return _forward(model, packed.blocks, attention, input_ids, attention_mask, token_type_ids,
-                            position_ids, num_blocks, skip_blocks, keep)
+                            position_ids, num_blocks, skip_blocks, keep, packing)
         with torch.inference_mode(), TF32(self.tf32 and model.device.type == "cuda"):
             if self.graphs is not None:
                 self.graphs.check(model)
@@ -206,6 +214,19 @@ def kept_states(output_hidden_states, config, num_blocks=None) -> frozenset | No
 
 
 
+def host_packing(model: BertModel, input_ids, attention_mask=None, token_type_ids=None,
+                 position_ids=None) -> varlen.Packing:
+    """A batch's inputs checked, and its ``Packing`` made, on the host -- from CPU tensors, so nothing waits
+    for the GPU -- then the packing's indices copied to the model's device without blocking. Passed as
+    ``fast(**batch, packing=...)`` with the same batch on the device, the forward reads nothing back from
+    the device: no range check, no mask test, no lengths (``encode`` on a GPU does this for every batch,
+    from the pinned batch it is about to copy)."""
+    ids, mask, _, _ = check_inputs(model.config, torch.device("cpu"), input_ids, attention_mask, token_type_ids,
+                                   position_ids)
+    B, T = ids.shape
+    return varlen.pack(mask, B, T).to(model.device)
+
+
 def _graph_shapes(cuda_graphs):
     """``cuda_graphs`` checked: False (none), True (any shape: None) or the (B, T) shapes to capture."""
     if isinstance(cuda_graphs, bool):
@@ -235,9 +256,10 @@ def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "au
 
 
 def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
-             skip_blocks, keep):
+             skip_blocks, keep, packing=None):
     B, T = input_ids.shape
-    packing = varlen.pack(attention_mask, B, T, device=input_ids.device)  # once for every block
+    if packing is None:
+        packing = varlen.pack(attention_mask, B, T, device=input_ids.device)  # once for every block
     if packing.dense:
         ids, tts, pos = input_ids.reshape(-1), token_type_ids.reshape(-1), position_ids.reshape(-1)
     else:

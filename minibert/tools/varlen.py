@@ -74,6 +74,18 @@ class Packing:
         cu = torch.tensor([0] + list(lengths), dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
         return cls(len(lengths), T, None, list(lengths), cu, max(lengths, default=0))
 
+    def to(self, device) -> "Packing":
+        """This packing with its index tensors on ``device``, copied without blocking the host (from pinned
+        memory to a GPU): made on the host from a CPU mask, it costs the forward no read-back."""
+        device = torch.device(device)
+
+        def move(t):
+            if t is None or t.device == device:
+                return t
+            return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
+        return Packing(self.B, self.T, move(self.where), list(self.lengths), move(self.cu_seqlens), self.max_len,
+                       self.dense)
+
     def scatter(self, packed: torch.Tensor) -> torch.Tensor:
         """(N, H) -> (B, T, H): each real token back in its place, zeros at padding."""
         H = packed.shape[-1]

@@ -20,8 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BASE, PAIRS, SENTENCES, random_batch_for, transformers
+from conftest import BASE, PAIRS, SENTENCES, SyncCounter, random_batch_for, transformers
 from minibert import BertConfig, BertModel, BertTokenizer
+from minibert.errors import InputError
 from minibert.testing import fp32_noise_floor
 from minibert.testing import largest_difference as compare
 from minibert.tools import blocks, copies, kernels, plan
@@ -496,3 +497,30 @@ def test_copying_pickling_and_saving_work_after_fast_forwards(minilm_dir, minilm
     del model, twin, again, loaded, other
     gc.collect()
     assert len(copies._CACHE) < entries  # an entry goes with its model
+
+
+@pytest.mark.parametrize("route", ["padded", "nested", "loop"])
+def test_a_host_packing_leaves_the_forward_nothing_to_read_back(minilm, monkeypatch, route):
+    """``fast.host_packing`` checks a batch and packs it on the host (CPU tensors: nothing to wait for);
+    with it the forward reads no value back from the device -- no range check, no mask test, no lengths
+    (``encode`` does this for every batch on a GPU). Without it the same forward reads several. Same
+    numbers either way; a packing of another batch is refused."""
+    model, tok = minilm
+    batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
+    run = prepare(model, attention=route)
+    with torch.inference_mode():
+        run(**batch)  # the weight copies made (and "auto" measured) before counting
+        want = run(**batch, output_hidden_states=False)
+        packing = fastmod.host_packing(model, **batch)
+        counter = SyncCounter(monkeypatch)
+        got = run(**batch, output_hidden_states=False, packing=packing)
+        with_packing = counter.count
+        run(**batch, output_hidden_states=False)
+        without = counter.count - with_packing
+    monkeypatch.undo()
+    assert with_packing == 0 and without >= 2, (with_packing, without)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+    with pytest.raises(InputError, match=r"packing is of a 5 x \d+ batch; input_ids is \(2, "):
+        run(batch["input_ids"][:2], batch["attention_mask"][:2], packing=packing)
+    dense = fastmod.host_packing(model, batch["input_ids"][:1, :4])  # no mask: dense, on the model's device
+    assert dense.dense and dense.cu_seqlens.device == model.device

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from conftest import PAIRS, SENTENCES
+from conftest import PAIRS, SENTENCES, SyncCounter
 from minibert import BertModel, BertTokenizer
 from minibert.errors import InputError
 from minibert.testing import fp32_noise_floor
@@ -326,23 +326,6 @@ def test_the_varlen_route_calls_the_kernel_as_each_torch_takes_it(monkeypatch):
     monkeypatch.setattr(varlen, "varlen_kernel", lambda: old_kernel)
     varlen.probe("cpu", torch.float32, 8)
     assert calls[-1] == "old"
-
-
-class SyncCounter:
-    """Counts what makes a GPU wait for the host: ``.item()``, ``.tolist()``, ``nonzero``, ``bool()`` and
-    ``int()`` of a tensor -- recorded on the CPU by wrapping torch's own methods."""
-
-    NAMES = ("item", "tolist", "nonzero", "__bool__", "__int__")
-
-    def __init__(self, monkeypatch):
-        self.count = 0
-        for name in self.NAMES:
-            original = getattr(torch.Tensor, name)
-
-            def counted(*args, original=original, **kwargs):
-                self.count += 1
-                return original(*args, **kwargs)
-            monkeypatch.setattr(torch.Tensor, name, counted)
 
 
 def test_the_nested_route_gives_its_lengths_from_the_host(monkeypatch):
