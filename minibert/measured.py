@@ -74,6 +74,33 @@ def write_json_entry(path: Path, machine: str, what: str, entry: dict) -> None:
 
 
 _WRITING = threading.Lock()
+_MEASURING = threading.Lock()
+
+
+def measure_once(path: Path, machine: str, what: str, usable, measure) -> dict:
+    """The entry for ``what`` on ``machine`` in the cache file ``path``: the saved one when ``usable(entry)``
+    says so, else ``measure()``'s, written there. Measuring happens under a lock (a thread lock and an
+    exclusive ``flock`` on ``.NAME.measure.lock``), and the file is read again once the lock is held: processes
+    that start together -- Ray actors sharing one GPU, say -- measure one at a time, and those after the first
+    take its entry instead of measuring under its load (a choice made under contention would be kept for
+    good)."""
+    path = Path(path)
+    entry = saved_entry(path, machine, what)
+    if entry is not None and usable(entry):
+        return entry
+    with _MEASURING:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = _file_lock(path.with_name(f".{path.name}.measure.lock"))
+        except OSError:  # a folder that cannot be written: measure without the lock, keep nothing
+            lock = contextlib.nullcontext()
+        with lock:
+            entry = saved_entry(path, machine, what)
+            if entry is not None and usable(entry):
+                return entry
+            entry = measure()
+            write_json_entry(path, machine, what, entry)
+            return entry
 
 
 @contextlib.contextmanager

@@ -349,13 +349,14 @@ def attention_route(device, dtype: torch.dtype, head_size: int) -> str:
     machine, what = device_key(device), f"{str(dtype).replace('torch.', '')} d={head_size}"
     key = (machine, what)
     if key not in _CHOICES:
-        path = cache_file()
-        entry = measured.saved_entry(path, machine, what)
-        route = entry.get("route") if entry else None
-        if route not in ROUTES or not runs_here(route, device, dtype, head_size):
+        def measure():
             relative = calibrate(device, dtype, head_size)
-            route = min(relative, key=relative.get)
-            measured.write_json_entry(path, machine, what, {"route": route, "relative_time": {
-                r: round(t, 3) for r, t in relative.items() if math.isfinite(t)}})
-        _CHOICES[key] = route
+            return {"route": min(relative, key=relative.get),
+                    "relative_time": {r: round(t, 3) for r, t in relative.items() if math.isfinite(t)}}
+
+        # measured once per machine, one process at a time (Ray actors sharing a GPU take the first one's
+        # choice instead of each measuring under the others' load)
+        entry = measured.measure_once(cache_file(), machine, what, measure=measure, usable=lambda e: e.get(
+            "route") in ROUTES and runs_here(e["route"], device, dtype, head_size))
+        _CHOICES[key] = entry["route"]
     return _CHOICES[key]

@@ -195,3 +195,39 @@ def test_measured_choices_written_at_once_all_kept(tmp_path):
         t.join(60)
     assert set(measured.read_json(path)["m"]) == {f"k{i}-{j}" for i in range(4) for j in range(10)}
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _measure_in_a_process(path, log):
+    import os
+    import time
+
+    from minibert import measured
+
+    def measure():
+        with open(log, "a") as f:
+            f.write(f"start {os.getpid()}\n")
+        time.sleep(0.3)  # a calibration: the others must wait, not measure beside it
+        return {"route": f"chosen by {os.getpid()}"}
+    entry = measured.measure_once(path, "gpu", "bf16 d=32", usable=lambda e: "route" in e, measure=measure)
+    with open(log, "a") as f:
+        f.write(f"got {entry['route']}\n")
+
+
+def test_processes_starting_together_measure_once_and_share_the_choice(tmp_path):
+    """Ray actors sharing one GPU each asked for the attention route at once and each calibrated under the
+    others' load, the contended choice kept for good. measure_once: one process measures, under a lock; the
+    others wait, read its entry and do not measure."""
+    import multiprocessing
+
+    path, log = tmp_path / "attention.json", tmp_path / "log.txt"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_measure_in_a_process, args=(path, log)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    lines = log.read_text().splitlines()
+    starts = [line for line in lines if line.startswith("start")]
+    got = {line for line in lines if line.startswith("got")}
+    assert len(starts) == 1 and len(got) == 1 and all(w.exitcode == 0 for w in workers), lines
+    assert next(iter(got)).endswith(starts[0].split()[1])  # every process took the one measurement
