@@ -53,7 +53,6 @@ DRY_BATCHES = [("1 x 16", 1, 16, 1.0, 0.9), ("padded 4 x 32", 4, 32, 0.5, 0.5)]
 BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 TINY = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-SPINNING = True  # ORT's idle threads spin (its default); --no-ort-spinning turns it off
 PACKAGES = ("torch", "transformers", "onnxruntime", "onnx", "openvino", "ctranslate2")
 
 
@@ -91,8 +90,8 @@ def minibert_runner(folder: Path, dtype: str):
     return run
 
 
-def export_onnx(folder: Path, work: Path, config) -> Path:
-    """transformers' model (eager attention: the form ORT's optimiser fuses) as an ONNX graph, dynamic
+def export_onnx(folder: Path, work: Path) -> Path:
+    """transformers' model (eager attention: the form ORT's optimiser fuses) as ``work/model.onnx``, dynamic
     batch and length; inputs input_ids, attention_mask, token_type_ids; output last_hidden_state."""
     import transformers
 
@@ -108,6 +107,7 @@ def export_onnx(folder: Path, work: Path, config) -> Path:
                               token_type_ids=token_type_ids).last_hidden_state
 
     b = batch(2, 8, 1.0)
+    work.mkdir(parents=True, exist_ok=True)
     path = work / "model.onnx"
     names = ["input_ids", "attention_mask", "token_type_ids"]
     axes = {n: {0: "batch", 1: "length"} for n in [*names, "last_hidden_state"]}
@@ -116,8 +116,9 @@ def export_onnx(folder: Path, work: Path, config) -> Path:
     return path
 
 
-def ort_runners(onnx_path: Path, config, threads: int, int8: bool = True) -> dict:
-    """ORT on the optimised fp32 graph, and (``int8``) on its dynamic int8 quantisation (ORT's defaults)."""
+def ort_runners(onnx_path: Path, config, threads: int, int8: bool = True, spinning: bool = True) -> dict:
+    """ORT on the optimised fp32 graph, and (``int8``) on its dynamic int8 quantisation (ORT's defaults);
+    ``spinning``: ORT's idle threads spin a while after each run (its default)."""
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
@@ -138,7 +139,7 @@ def ort_runners(onnx_path: Path, config, threads: int, int8: bool = True) -> dic
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     # ORT's pool threads spin for a while after each run, its default (one short query: ~3.1 against
     # ~4.1 ms without, MiniLM on the Zen 4); ``--no-ort-spinning`` turns it off
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if SPINNING else "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     runners = {}
     for name, path in (("ORT fp32", optimised), ("ORT int8", quantised))[:2 if int8 else 1]:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -184,7 +185,7 @@ def ct2_runners(folder: Path, work: Path, threads: int) -> dict:
     return runners
 
 
-def build_runners(folder: Path, config, threads: int, work: Path) -> tuple[dict, dict]:
+def build_runners(folder: Path, config, threads: int, work: Path, spinning: bool = True) -> tuple[dict, dict]:
     """Every runner that can be built here but CTranslate2's (``measure_ct2``: a process of its own), and
     what was left out (name -> why)."""
     runners = {"transformers sdpa": transformers_runner(folder, "sdpa"),
@@ -192,11 +193,11 @@ def build_runners(folder: Path, config, threads: int, work: Path) -> tuple[dict,
                "minibert fast": minibert_runner(folder, "fp32"), "minibert int8": minibert_runner(folder, "int8")}
     missing, notes = {}, {}
     try:
-        onnx_path = export_onnx(folder, work, config)
+        onnx_path = export_onnx(folder, work)
     except ImportError as e:
         missing["ONNX export"] = f"not installed ({e.name})"
         return runners, {"missing": missing}
-    for label, build in (("ORT", lambda: ort_runners(onnx_path, config, threads)),
+    for label, build in (("ORT", lambda: ort_runners(onnx_path, config, threads, spinning=spinning)),
                          ("OpenVINO", lambda: {"OpenVINO fp32": openvino_runner(onnx_path, threads)})):
         try:
             made = build()
@@ -318,7 +319,7 @@ def end_to_end(folder: Path, work: Path, config, threads: int, texts: list[str],
 
     ours = SentenceEncoder.from_pretrained(folder)
     theirs = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
-    runners, _ = ort_runners(export_onnx(folder, work, config), config, threads, int8=False)
+    runners, _ = ort_runners(export_onnx(folder, work), config, threads, int8=False)
     ort_model = runners["ORT fp32"]
     fast_tok = transformers.AutoTokenizer.from_pretrained(str(folder))
 
@@ -439,8 +440,6 @@ def main(argv=None) -> int:
     p.add_argument("--ct2-only", type=Path, default=None, help=argparse.SUPPRESS)  # the child of measure_ct2
     p.add_argument("--ct2-json", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    global SPINNING
-    SPINNING = not args.no_ort_spinning
     if args.threads < 1 or (args.rounds is not None and args.rounds < 1):
         p.error(f"--threads={args.threads} and --rounds={args.rounds} must be at least 1")
     torch.set_num_threads(args.threads)
@@ -448,17 +447,15 @@ def main(argv=None) -> int:
     if args.ct2_only is not None:
         return ct2_only(args.ct2_only, args.ct2_json, args.dry, rounds, args.threads)
     if args.end_to_end_only:
-        path = Path(args.out) / f"{args.name}.json"
-        result = json.loads(path.read_text())
+        result = json.loads((Path(args.out) / f"{args.name}.json").read_text())
         with tempfile.TemporaryDirectory(prefix="bench_cpu_peers_") as tmp:
             result["end_to_end"] = corpus_row(Path(tmp), args)
-        path.write_text(json.dumps(result, indent=1) + "\n")
-        path.with_suffix(".md").write_text(page(result) + "\n")
-        print(f"added the end-to-end measure to {path.with_suffix('.md')}")
+        write_results(Path(args.out), args.name, result, page(result))
+        print(f"added the end-to-end measure to {Path(args.out) / args.name}.md")
         return 0
     start = time.time()
     result = {"machine": machine(args.threads), "rounds": rounds, "dry": args.dry, "models": [],
-              "ort_spinning": SPINNING,
+              "ort_spinning": not args.no_ort_spinning,
               "command": "python benchmarks/bench_cpu_peers.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     with tempfile.TemporaryDirectory(prefix="bench_cpu_peers_") as tmp:
         work = Path(tmp)
@@ -468,7 +465,7 @@ def main(argv=None) -> int:
             config = BertConfig.from_json_file(folder / "config.json")
             where = work / name.split()[0]
             where.mkdir()
-            runners, notes = build_runners(folder, config, args.threads, where)
+            runners, notes = build_runners(folder, config, args.threads, where, spinning=not args.no_ort_spinning)
             print(f"{name}: {', '.join(runners)}" + (f" (left out: {notes['missing']})" if notes["missing"] else ""))
             rows = measure(runners, DRY_BATCHES if args.dry else BATCHES, rounds)
             del runners
@@ -476,13 +473,17 @@ def main(argv=None) -> int:
             result["models"].append({"name": name, "rows": rows, "notes": notes})
         result["end_to_end"] = corpus_row(work, args)
     result["seconds"] = time.time() - start
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = args.name + ("_dry" if args.dry and args.name == "cpu_peers" else "")
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{name}.md").write_text(page(result) + "\n")
-    print(f"wrote {out / name}.md and .json ({result['seconds']:.0f} s)")
+    write_results(Path(args.out), name, result, page(result))
+    print(f"wrote {Path(args.out) / name}.md and .json ({result['seconds']:.0f} s)")
     return 0
+
+
+def write_results(out: Path, name: str, result: dict, text: str) -> None:
+    """``out/NAME.json`` (the result) and ``out/NAME.md`` (its page); ``out`` made if missing."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{name}.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

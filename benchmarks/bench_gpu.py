@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from minibert import BertModel  # noqa: E402
+from minibert.textfiles import file_sha256  # noqa: E402
 from minibert.tools import fast  # noqa: E402
 from minibert.tools import timing as harness  # noqa: E402
 
@@ -137,23 +138,13 @@ def prepare_kit(folder: Path) -> dict:
     (folder / "bert-base").mkdir(exist_ok=True)
     hf_config(**BASE).to_json_file(str(folder / "bert-base" / "config.json"))
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
-    manifest = {"files": {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+    manifest = {"files": {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files},
                 "texts": len(texts)}
     manifest["bytes"] = sum(f["bytes"] for f in manifest["files"].values())
     if manifest["bytes"] > KIT_LIMIT:
         raise SystemExit(f"--prepare: the kit is {manifest['bytes'] / 2**20:.1f} MiB, over {KIT_LIMIT / 2**20:.0f} MiB")
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return manifest
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_kit(kit: Path | None, steps: list[str]) -> dict[str, str]:

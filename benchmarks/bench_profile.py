@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import statistics
 import sys
@@ -101,7 +100,7 @@ def profile_ort(folder: Path, config, batch: dict, work: Path, threads: int) -> 
         import onnxruntime as ort
     except ImportError:
         return None
-    onnx_path = peers.export_onnx(folder, work, config)
+    onnx_path = peers.export_onnx(folder, work)
     runners, _ = peers.ort_runners(onnx_path, config, threads)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
@@ -193,10 +192,8 @@ def main(argv=None) -> int:
             where = Path(tmp) / name.split()[0]
             where.mkdir()
             result["models"].append(report(name.split(" (")[0], folder, where, args.threads, result["limits"]))
-    out = Path(args.out)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{args.name}.md").write_text(page(result) + "\n")
-    print(f"wrote {out / args.name}.md and .json")
+    peers.write_results(Path(args.out), args.name, result, page(result))
+    print(f"wrote {Path(args.out) / args.name}.md and .json")
     return 0
 
 

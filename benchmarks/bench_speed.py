@@ -211,32 +211,26 @@ def part_trec(args, work, results):
         print(f"  no fine-tuned classifier at {TEACHER}: run benchmarks/bench_distill.py --parts task first", flush=True)
 
 
+def _peers():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_cpu_peers", ROOT / "benchmarks" / "bench_cpu_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def onnx_int8(directory: Path, work: Path):
     """transformers' model exported to ONNX and quantised by ONNX Runtime (dynamic, int8), or None."""
     try:
         import onnxruntime as ort
         from onnxruntime.quantization import QuantType, quantize_dynamic
-        import transformers
+        import transformers  # noqa: F401  (the export needs it)
     except ImportError:
         return None
-    fp32_path, int8_path = work / f"{directory.name}.onnx", work / f"{directory.name}.int8.onnx"
-    if not int8_path.exists():
-        hf = transformers.BertModel.from_pretrained(directory, attn_implementation="eager").eval()
-
-        class LastHidden(torch.nn.Module):  # keyword arguments only: transformers' forward takes many
-            def __init__(self, model):
-                super().__init__()
-                self.model = model
-
-            def forward(self, input_ids, attention_mask, token_type_ids):
-                return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                  token_type_ids=token_type_ids).last_hidden_state
-
-        example = batch_of(1, 16)
-        torch.onnx.export(LastHidden(hf), (example["input_ids"], example["attention_mask"], example["token_type_ids"]),
-                          str(fp32_path), input_names=["input_ids", "attention_mask", "token_type_ids"],
-                          output_names=["last_hidden_state"], dynamo=False,
-                          dynamic_axes={k: {0: "B", 1: "T"} for k in ("input_ids", "attention_mask", "token_type_ids")})
+    int8_path = work / f"{directory.name}.int8.onnx"
+    if not int8_path.exists():  # the export bench_cpu_peers.py makes (transformers' eager BertModel, opset 17)
+        fp32_path = _peers().export_onnx(directory, work / directory.name)
         quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8)
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()

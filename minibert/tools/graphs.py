@@ -123,16 +123,12 @@ class TF32:
     def __init__(self, on: bool):
         self.on = on
 
-    @staticmethod
-    def _backend():
-        return torch.backends.cuda.matmul
-
     def __enter__(self):
         if self.on:
             with TF32._lock:
                 if TF32._inside == 0:
-                    TF32._before = _read(self._backend())
-                    _write(self._backend(), "tf32")
+                    TF32._before = _read(torch.backends.cuda.matmul)
+                    _write(torch.backends.cuda.matmul, "tf32")
                 TF32._inside += 1
         return self
 
@@ -141,7 +137,7 @@ class TF32:
             with TF32._lock:
                 TF32._inside -= 1
                 if TF32._inside == 0:
-                    _write(self._backend(), TF32._before)
+                    _write(torch.backends.cuda.matmul, TF32._before)
 
 
 def _read(backend):
