@@ -72,8 +72,8 @@ def encoder_of(model, what: str = "expected"):
 
 
 #: what a part of a model may refuse to take part in: "save" (written as a plain BERT checkpoint, whose
-#: tensor names it has none of) and "int8" (its linear layers swapped for int8 ones)
-DOINGS = ("save", "int8")
+#: tensor names it has none of), "int8" (its linear layers swapped for int8 ones) and "export" (traced into an ONNX graph)
+DOINGS = ("save", "int8", "export")
 
 
 def check_parts(model, doing: str) -> None:

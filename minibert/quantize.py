@@ -271,6 +271,9 @@ class Int8Linear(nn.Module):
         if doing == "save":
             return ("this model is int8-quantised, which is for inference only: save the fp32 model and load it "
                     "with dtype='int8'")
+        if doing == "export":
+            return ("this model is int8-quantised with torch's operators, which an ONNX graph cannot hold: export "
+                    "the fp32 model (int8=True / --int8 quantises the exported graph with ONNX Runtime)")
         return None
 
     @property

@@ -15,7 +15,8 @@ PACKAGE = ROOT / "minibert"
 RANK = {"core": 0, "tools": 1, "models": 2, "analysis": 3, "compat": 4, "training": 4, "runs": 5, "front": 6}
 FOLDERS = {"tools": "tools", "models": "models", "analysis": "analysis", "compat": "compat", "training": "training",
            "runs": "runs", "cli": "front", "testing": "front"}
-ENTRY_POINTS = {"minibert.__main__": "front"}  # `python -m minibert` runs the CLI
+ENTRY_POINTS = {"minibert.__main__": "front",  # `python -m minibert` runs the CLI
+                "minibert.export": "front"}  # minibert.export.to_onnx: compat.export under the name users look for
 
 
 def module_name(path: Path) -> str:

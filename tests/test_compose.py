@@ -278,6 +278,21 @@ def tool_int8(model, kind, batch, tokenizer):
     assert (got - want)[real(batch)].abs().max() < 0.5  # int8 noise; the int8 tests hold it finely
 
 
+def tool_export_onnx(model, kind, batch, tokenizer, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from minibert.compat.export import to_onnx
+
+    if kind in ("int8", "bf16"):  # torch's quantised operators have no ONNX form; the export is fp32
+        with pytest.raises(InputError, match="int8-quantised|bfloat16"):
+            to_onnx(model, tmp_path / "g", tokenizer=tokenizer, say=None)
+        assert not (tmp_path / "g").exists()
+        return
+    result = to_onnx(model, tmp_path / "g", tokenizer=tokenizer, hidden_states=True, say=None)
+    assert result.checks["model.onnx"]["largest_difference"] < 1e-5  # adapters, prefixes, LoRA traced in
+    assert f"hidden_state_{model.config.num_hidden_layers}" in result.outputs
+
+
 TOOLS = {name[len("tool_"):]: fn for name, fn in dict(globals()).items() if name.startswith("tool_")}
 
 
@@ -288,7 +303,7 @@ def test_every_tool_on_every_model(kind, tool, batch, tokenizer, tmp_path):
     assert isinstance(model, BertModel), "every model the library makes is the public minibert.BertModel"
     before = fingerprint(model)
     fn = TOOLS[tool]
-    if tool == "save_load":
+    if tool in ("save_load", "export_onnx"):
         fn(model, kind, batch, tokenizer, tmp_path)
     else:
         fn(model, kind, batch, tokenizer)

@@ -87,9 +87,10 @@ class ParityReport:
         return self.first_divergent is None and cosine_ok
 
     def table(self) -> str:
+        w = max([12, *(len(row.layer) + 2 for row in self.rows)])  # "block 11 (last)" is wider than "block 11"
         lines = [f"parity: {self.a}  vs  {self.b}  ({self.dtype}, {self.inputs} inputs, atol {self.atol:g}; "
                  "differences over real tokens)",
-                 f"{'layer':<12}{'hidden max':>12}{'hidden mean':>13}{'attn max':>11}{'attn mean':>11}"]
+                 f"{'layer':<{w}}{'hidden max':>12}{'hidden mean':>13}{'attn max':>11}{'attn mean':>11}"]
         first = self.first_divergent
 
         def fmt(v):
@@ -98,7 +99,7 @@ class ParityReport:
         for row in self.rows:
             mark = "  <- first divergent" if row.layer == first else ("  >atol" if not row.worst() <= self.atol
                                                                     else "")
-            lines.append(f"{row.layer:<12}{fmt(row.hidden_max):>12}{fmt(row.hidden_mean):>13}"
+            lines.append(f"{row.layer:<{w}}{fmt(row.hidden_max):>12}{fmt(row.hidden_mean):>13}"
                          f"{fmt(row.attention_max):>11}{fmt(row.attention_mean):>11}{mark}")
         worst = max((r.worst() for r in self.rows), default=0.0)
         if self.cosine_min is not None:

@@ -9,7 +9,9 @@ that do), from which its parser, checks, reference page and path rule come.
     minibert probe data.conllu [--model M] [--column upos] [--plot out.png]
     minibert map data.conllu|data.csv|texts.txt --model M --out map.png [--layers all] [--method pca|tsne|umap]
     minibert fill "The capital of France is [MASK]." [--model M] [--top-k 5] [--lens] [--plot lens.png]
-    minibert parity --model M [--against B] [--dtype fp32|bf16|fp16|int8] [--texts FILE] [--json out.json] [--atol X]
+    minibert parity --model M [--against B|model.onnx|model.xml|CT2_DIR] [--dtype fp32|bf16|fp16|int8] [--texts FILE]
+                    [--json out.json] [--atol X]
+    minibert export onnx|ct2 --model M --out DIR [--hidden-states] [--optimize] [--int8]
     minibert inspect [--model M] [--batch-size 8] [--lengths 128,512]
     minibert finetune --train train.csv --eval test.csv --model M --out DIR [--task classify|regress|tag] ...
     minibert predict DIR texts.txt
@@ -25,6 +27,7 @@ that do), from which its parser, checks, reference page and path rule come.
     cli/encoding.py   encode, embed, search
     cli/analysis.py   layers, probe, probe-over-time, map, fill, parity, inspect
     cli/training.py   finetune, predict, distill, exits, pretrain, depth-study
+    cli/deploy.py     export
 
 A new command: its settings dataclass (every path field saying what it is: ``path="model"``, ``"read"``,
 ``"run"`` or ``"file"``), an ``add_<name>(sub)`` calling ``common.add_command`` and ``cmd_<name>(run)`` right
@@ -49,15 +52,15 @@ import sys
 import warnings
 
 from ..errors import InputError, MissingExtra
-from . import analysis, encoding, training
+from . import analysis, deploy, encoding, training
 from .common import DEFAULT_MODEL, read_lines  # noqa: F401  (public: minibert.cli.read_lines)
 
 #: the order ``minibert --help`` lists them in
 COMMANDS = [encoding.add_encode, analysis.add_layers, analysis.add_probe, encoding.add_embed, encoding.add_search,
             analysis.add_inspect, analysis.add_parity, analysis.add_fill, training.add_finetune,
             training.add_distill, training.add_exits, analysis.add_map, training.add_predict, training.add_pretrain,
-            analysis.add_probe_over_time, training.add_depth_study]
-assert set(COMMANDS) == set(encoding.COMMANDS + analysis.COMMANDS + training.COMMANDS), "a command left unlisted"
+            analysis.add_probe_over_time, training.add_depth_study, deploy.add_export]
+assert set(COMMANDS) == set(encoding.COMMANDS + analysis.COMMANDS + training.COMMANDS + deploy.COMMANDS), "a command left unlisted"
 
 
 def build_parser() -> argparse.ArgumentParser:

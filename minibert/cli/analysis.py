@@ -233,13 +233,39 @@ def cmd_parity(args) -> int:
         if not texts:
             raise InputError(f"{args.texts} has no non-empty lines")
     json_path = output_file(args.json, ".json", "--json") if args.json else None
-    report = run_parity(args.model, against=args.against, dtype=args.dtype, texts=texts, atol=args.atol,
-                        device=device)
+    if args.against is not None and _runtime_model(args.against):
+        report = _runtime_parity(args, texts, device)
+    else:
+        if args.runtime != "auto":
+            raise InputError(f"--runtime {args.runtime}: --against must then be a deployed model (an .onnx graph, an "
+                             "OpenVINO .xml, a CTranslate2 folder)")
+        if args.min_cosine is not None:
+            raise InputError("--min-cosine judges a runtime's or int8's sentence vectors: give --against a deployed "
+                             "model, or --dtype int8")
+        report = run_parity(args.model, against=args.against, dtype=args.dtype or "fp32", texts=texts,
+                            atol=args.atol, device=device)
     print(report.table())
     if json_path:
         report.write_json(json_path)
         print(f"wrote {json_path}")
     return 0 if report.ok else 1
+
+
+def _runtime_model(against: str) -> bool:
+    from ..compat.runtimes import is_runtime_model
+
+    return is_runtime_model(against)
+
+
+def _runtime_parity(args, texts, device):
+    from ..compat.runtimes import runtime_parity
+
+    if device is not None and str(device) != "cpu":
+        raise InputError(f"--device {args.device}: a deployed model is compared on the CPU, where its runtime runs")
+    if args.dtype not in (None, "fp32", "int8"):
+        raise InputError(f"--dtype {args.dtype}: a runtime is judged as fp32 or int8")
+    return runtime_parity(args.model, args.against, runtime=args.runtime, dtype=args.dtype, texts=texts,
+                          atol=args.atol, min_cosine=args.min_cosine)
 
 
 # ------------------------------------------------------------------------------------------ inspect

@@ -29,6 +29,9 @@ MAX_LENGTH_HELP = ("truncate texts to this many tokens, [CLS] and [SEP] included
 OVERWRITE_HELP = ("replace an existing output file that minibert did not write (a file it wrote is replaced without "
                   "it); never a file the command reads")
 WORD_POOLS = ("first", "mean")
+#: compat/runtimes.RUNTIMES and compat/export's formats (cli/ imports no library module at the top: --help is instant)
+RUNTIMES = ("auto", "onnxruntime", "openvino", "ctranslate2")
+EXPORT_FORMATS = ("onnx", "ct2")
 
 
 # the fields several commands share, each declared here once (a dataclass field is made per class)
@@ -258,18 +261,50 @@ class FillCommand:
 
 @dataclass(kw_only=True)
 class ParityCommand:
-    """``minibert parity``: per-layer differences, minibert against transformers or another checkpoint."""
+    """``minibert parity``: per-layer differences, minibert against transformers, another checkpoint, or a deployed
+    model run by its runtime (ONNX Runtime, OpenVINO, CTranslate2)."""
 
     model: str = _model()
-    against: str | None = setting(None, "a second checkpoint (run by minibert) instead of transformers", path="model")
-    dtype: str = setting("fp32", "int8: the model quantised on load (dtype='int8') against its own fp32 weights, "
-                         "layer by layer, and the cosine of their sentence vectors (needs >= 0.99)", choices=DTYPES)
+    against: str | None = setting(None, "a second checkpoint (run by minibert) instead of transformers; or a deployed "
+                                  "model: an .onnx graph (or a folder with model.onnx), an OpenVINO .xml, a CTranslate2 "
+                                  "folder -- run by its runtime, layer by layer where it has the hidden states",
+                                  path="model")
+    runtime: str = setting("auto", "which runtime runs --against: auto (by its files), onnxruntime, openvino (reads "
+                           ".onnx too), ctranslate2", choices=RUNTIMES)
+    dtype: str | None = setting(None, "int8: the model quantised on load (dtype='int8') against its own fp32 weights, "
+                                "layer by layer, and the cosine of their sentence vectors (needs >= 0.99); against a "
+                                "runtime, how it is judged (fp32, or int8 by the sentence-vector cosine) and "
+                                "CTranslate2's compute type", choices=DTYPES,
+                                default_text="fp32; a quantised ONNX graph: int8")
     texts: str | None = setting(None, "a text file, one input per line", path="read",
                                 default_text="a built-in varied set")
     json: str | None = _json_file("the numbers")
-    atol: float | None = setting(None, "tolerance", low=0.0, default_text="1e-5 fp32, 5e-3 fp16, 5e-2 bf16")
+    atol: float | None = setting(None, "tolerance", low=0.0, default_text="1e-5 fp32, 5e-3 fp16, 5e-2 bf16; a runtime "
+                                 "in fp32 1e-4")
+    min_cosine: float | None = setting(None, "the lowest sentence-vector cosine that passes", low=-1.0, high=1.0,
+                                       default_text="0.99 for int8, none for fp32")
     device: str | None = _device()
     overwrite: bool = _overwrite()
+
+
+@dataclass(kw_only=True)
+class ExportCommand:
+    """``minibert export``: a model as an ONNX graph or a CTranslate2 folder, checked against the model at once."""
+
+    format: str = setting(help="onnx (ONNX Runtime, OpenVINO, optimum) or ct2 (CTranslate2)", required=True,
+                          positional=True, choices=EXPORT_FORMATS)
+    model: str = _model("; a fine-tuned task checkpoint or a sentence-transformers folder exports with its head "
+                        "or pooling")
+    out: str = setting(help="the folder to write (the graph or the converted model, the tokenizer files, export.json)",
+                       required=True, path="run")
+    hidden_states: bool = setting(False, "onnx: every hidden state as an output too (hidden_state_0 ... _L), for a "
+                                  "per-layer minibert parity --against")
+    optimize: bool = setting(False, "onnx: also ONNX Runtime's transformer optimiser's graph (model_optimized.onnx), "
+                             "checked")
+    int8: bool = setting(False, "also an int8 form: onnx ORT's dynamic quantisation (model_int8.onnx), checked by "
+                         "sentence-vector cosine; ct2 int8 weights")
+    opset: int = setting(17, "onnx: the ONNX operator set", low=14)
+    overwrite: bool = setting(False, "replace what --out holds (a run of minibert's; never a model it reads)")
 
 
 @dataclass(kw_only=True)

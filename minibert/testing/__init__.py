@@ -9,6 +9,14 @@ Each side may be a checkpoint path or hub id (run by minibert), a ``minibert.Ber
 transformers ``BertModel`` object. On failure the AssertionError message is the per-layer table of
 ``minibert parity``, so the CI log says where the models part ways, not just that they do.
 
+``assert_runtime_close(model, deployed)`` holds a deployed model -- an ONNX graph (ONNX Runtime, or OpenVINO with
+``runtime="openvino"``), an OpenVINO IR, a CTranslate2 folder -- to the exact reference, layer by layer where
+the runtime exposes the hidden states (``minibert export onnx --hidden-states``):
+
+    def test_deployed_graph_matches_reference():
+        assert_runtime_close("checkpoints/model", "deploy/model.onnx")             # fp32: 1e-4
+        assert_runtime_close("checkpoints/model", "deploy/model_int8.onnx")        # int8: cosine >= 0.99
+
 ``fp32_noise_floor(model, batch)`` measures how far two correct fp32 computations of the same model on
 the same inputs already are from each other on *this* CPU. Use it instead of a fixed 1e-5 when a
 tolerance must hold on every CPU (see README, "Speed").
@@ -64,6 +72,23 @@ def assert_bert_close(a, b, *, texts=None, pairs=None, batches=None, tokenizer=N
                          dtype=dtype)
     if not report.ok:
         raise AssertionError("BERT models differ\n" + report.table())
+    return report
+
+
+def assert_runtime_close(model, deployed, *, runtime: str = "auto", dtype: str | None = None, texts=None,
+                         pairs=None, atol: float | None = None, min_cosine: float | None = None,
+                         tokenizer=None) -> ParityReport:
+    """Assert that a deployed model (a path: an .onnx graph or a folder with model.onnx, an OpenVINO .xml, a
+    CTranslate2 folder) agrees with ``model`` (a checkpoint path or a minibert model, run by minibert) within
+    the runtime's tolerance: fp32 every layer within ``atol`` (1e-4); int8 (a quantised graph, or ``dtype="int8"``)
+    sentence vectors at cosine >= ``min_cosine`` (0.99). The AssertionError carries the per-layer table; the
+    report is returned when they agree (``minibert.compat.runtimes``)."""
+    from ..compat.runtimes import runtime_parity
+
+    report = runtime_parity(model, deployed, runtime=runtime, dtype=dtype, texts=texts, pairs=pairs, atol=atol,
+                            min_cosine=min_cosine, tokenizer=tokenizer)
+    if not report.ok:
+        raise AssertionError("the deployed model differs from the reference\n" + report.table())
     return report
 
 

@@ -24,7 +24,7 @@ def snapshot(folder):
 
 
 def declared():
-    """(command, its settings dataclass) for each of the sixteen commands, as the parser has them."""
+    """(command, its settings dataclass) for each of the seventeen commands, as the parser has them."""
     import argparse
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
@@ -50,7 +50,7 @@ def argv_for(command, cls, tmp, target_field, target, overwrite=False):
         elif about.path == "read":
             value = str(next((tmp / "reads" / field.name).iterdir()))
         elif about.required:
-            value = str(tmp / "elsewhere" / field.name) if about.path else "x"
+            value = str(tmp / "elsewhere" / field.name) if about.path else (about.choices[0] if about.choices else "x")
         if value is None:
             continue
         if about.positional:
@@ -78,10 +78,10 @@ CASES = [(command, cls, field.name) for command, cls in declared() for field, _ 
 
 
 def test_every_command_declares_what_it_writes():
-    assert len(declared()) == 16
+    assert len(declared()) == 17
     writers = {command for command, _, _ in CASES}
     assert writers == {"embed", "search", "layers", "probe", "probe-over-time", "map", "fill", "parity", "finetune",
-                       "distill", "exits", "pretrain", "depth-study"}
+                       "distill", "exits", "pretrain", "depth-study", "export"}
     for command, cls in declared():  # every path-like field says what it is
         for field, about, _ in settings.described(cls):
             if field.name in ("out", "model", "teacher", "vocab", "index", "plot", "json", "corpus", "train", "eval",

@@ -29,7 +29,7 @@ INFERENCE = {"encode": commands.EncodeCommand, "embed": commands.EmbedCommand, "
              "layers": commands.LayersCommand, "probe": commands.ProbeCommand,
              "probe-over-time": commands.ProbeOverTimeCommand, "map": commands.MapCommand,
              "fill": commands.FillCommand, "parity": commands.ParityCommand, "inspect": commands.InspectCommand,
-             "predict": commands.PredictCommand}
+             "predict": commands.PredictCommand, "export": commands.ExportCommand}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -91,7 +91,7 @@ def test_every_command_is_declared_by_a_dataclass():
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == set(RUNS) | set(INFERENCE)
-    assert len(sub.choices) == 16
+    assert len(sub.choices) == 17
 
 
 def _declared_as_documented(command, cls):
