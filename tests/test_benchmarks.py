@@ -122,3 +122,30 @@ def test_the_cpu_peers_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_di
     text = (tmp_path / "cpu_peers_dry.md").read_text()
     assert "A dry run" in text and "texts per second" in text and "2 threads for every runner" in text and "torch " in text
     assert result["machine"]["cpu"] in text
+
+
+def test_the_runtime_parity_bench_runs_end_to_end_in_its_dry_mode(tmp_path, minilm_dir):
+    """benchmarks/bench_runtime_parity.py --dry: every deployed form made here (ORT as exported, optimised,
+    int8; OpenVINO from the graph and from IRs with and without fp16 weights; CTranslate2 fp32 and int8) on a
+    tiny random model, each judged; a page naming the machine and the versions."""
+    import importlib.util as util
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_runtime_parity.py"), "--dry", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (model,) = json.loads((tmp_path / "runtime_parity_dry.json").read_text())["models"]
+    reports = model["reports"]
+    assert {"ORT, as exported", "ORT, optimised", "ORT int8 (dynamic)"} <= set(reports)
+    for label, report in reports.items():
+        if "save_model default" in label:  # fp16 weights: found at the embeddings, and said
+            assert not report["ok"] and report["first_divergent"] == "embeddings" and "fp16" in report["b"]
+        elif report["dtype"] == "fp32":
+            assert report["ok"] and max(row["hidden_max"] for row in report["rows"]) < 1e-5, label
+    assert ("CTranslate2 fp32" in reports) == (util.find_spec("ctranslate2") is not None)
+    assert ("OpenVINO f32 (the ONNX graph)" in reports) == (util.find_spec("openvino") is not None)
+    text = (tmp_path / "runtime_parity_dry.md").read_text()
+    assert "dry run" in text and "onnxruntime " in text and "| block 1 |" in text
