@@ -175,3 +175,23 @@ def test_padding_on_the_left_is_refused_by_ctranslate2(tmp_path, tiny_encoder_di
     batch["attention_mask"] = torch.tensor([[1, 1, 1, 0]])
     assert np.asarray(model.run(batch)["last_hidden_state"]).shape == (1, 4, 32)
     shutil.rmtree(tmp_path / "c")
+
+
+@pytest.mark.parametrize("package,extra", [("openvino", "openvino"), ("ctranslate2", "ct2")])
+def test_a_missing_runtime_names_its_extra(graph_dir, tmp_path, monkeypatch, package, extra):
+    import sys
+
+    from minibert.errors import MissingExtra
+
+    monkeypatch.setitem(sys.modules, package, None)
+    if package == "openvino":
+        with pytest.raises(MissingExtra, match=rf"\.\[{extra}\]"):
+            RuntimeModel(graph_dir / "model.onnx", runtime="openvino")
+    else:
+        (tmp_path / "model.bin").write_bytes(b"")  # a CTranslate2 folder, by its files
+        with pytest.raises(MissingExtra, match=rf"\.\[{extra}\]"):
+            RuntimeModel(tmp_path)
+        from minibert.compat.export import to_ct2
+
+        with pytest.raises(MissingExtra, match=rf"\.\[{extra}\]"):
+            to_ct2(graph_dir, tmp_path / "out", say=None)
