@@ -60,7 +60,8 @@ COMMANDS = [encoding.add_encode, analysis.add_layers, analysis.add_probe, encodi
             analysis.add_inspect, analysis.add_parity, analysis.add_fill, training.add_finetune,
             training.add_distill, training.add_exits, analysis.add_map, training.add_predict, training.add_pretrain,
             analysis.add_probe_over_time, training.add_depth_study, deploy.add_export]
-assert set(COMMANDS) == set(encoding.COMMANDS + analysis.COMMANDS + training.COMMANDS + deploy.COMMANDS), "a command left unlisted"
+assert set(COMMANDS) == set(encoding.COMMANDS + analysis.COMMANDS + training.COMMANDS + deploy.COMMANDS), \
+    "a command left unlisted"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -195,3 +195,19 @@ def test_a_missing_runtime_names_its_extra(graph_dir, tmp_path, monkeypatch, pac
 
         with pytest.raises(MissingExtra, match=rf"\.\[{extra}\]"):
             to_ct2(graph_dir, tmp_path / "out", say=None)
+
+
+def test_the_command_lines_choices_are_the_librarys():
+    """cli/settings.py repeats the runtimes and formats (it imports no library module: --help is instant)."""
+    from minibert.cli import settings as cli_settings
+    from minibert.compat import runtimes
+
+    assert cli_settings.RUNTIMES == runtimes.RUNTIMES and cli_settings.EXPORT_FORMATS == ("onnx", "ct2")
+
+
+def test_min_cosine_goes_with_a_runtime_or_int8(capsys, tiny_encoder_dir):
+    done = cli_in_process(capsys, "parity", "--model", str(tiny_encoder_dir), "--min-cosine", "0.9")
+    assert done.returncode == 2 and "--min-cosine" in done.stderr
+    done = cli_in_process(capsys, "parity", "--model", str(tiny_encoder_dir), "--dtype", "int8", "--min-cosine",
+                          "0.999999999")
+    assert done.returncode == 1 and "needs >= 1" in done.stdout
