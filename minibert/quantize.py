@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 
 import torch
@@ -75,10 +76,23 @@ ENGINE_PROBE = (256, 768, 3072)
 ENGINES = ("onednn", "x86", "fbgemm", "qnnpack")
 
 
+#: oneDNN's instruction-set caps below its int8 dot products (``$ONEDNN_MAX_CPU_ISA``, formerly ``$DNNL_MAX_CPU_ISA``):
+#: under one, oneDNN's int8 kernels run as on a CPU without VNNI -- which also lets a VNNI machine measure that case
+NO_DOT_ISAS = ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+
+
+def onednn_isa_cap() -> str:
+    """The instruction-set cap oneDNN was given in the environment ("" when none)."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+
+
 def has_int8_dot() -> bool:
-    """Whether this CPU has int8 dot-product instructions (VNNI, AMX-int8): where int8 beats fp32 easily."""
+    """Whether this CPU has int8 dot-product instructions (VNNI, AMX-int8) that oneDNN may use: where int8 beats
+    fp32 easily. A cap on oneDNN's instruction set below them (``NO_DOT_ISAS``) means it may not."""
     from .hardware import cpu_info
 
+    if onednn_isa_cap() in NO_DOT_ISAS:
+        return False
     _, flags = cpu_info()
     return any(f in flags for f in INT8_DOT_FLAGS)
 
@@ -102,7 +116,9 @@ def engine_choice() -> dict:
 
     if has_int8_dot() and "onednn" in torch.backends.quantized.supported_engines:
         return {"engine": "onednn", "dot_instructions": True, "relative_to_fp32": None}
-    path, machine, what = measured.cache_dir() / "int8_engines.json", measured.machine_key(), "x".join(map(str, ENGINE_PROBE))
+    cap = onednn_isa_cap()  # a capped oneDNN is another machine as far as the timings go
+    path, machine = measured.cache_dir() / "int8_engines.json", measured.machine_key()
+    what = "x".join(map(str, ENGINE_PROBE)) + (f" isa {cap}" if cap else "")
     entry = measured.saved_entry(path, machine, what)
     times = entry.get("relative_to_fp32") if entry else None
     usable = [e for e in ENGINES if e in torch.backends.quantized.supported_engines]

@@ -217,3 +217,22 @@ def test_without_int8_dot_products_every_engine_is_tried_and_a_slow_int8_is_said
     if "onednn" in torch.backends.quantized.supported_engines:
         assert quantize.engine_choice() == {"engine": "onednn", "dot_instructions": True, "relative_to_fp32": None}
     quantize.int8_engine.cache_clear()
+
+
+def test_a_capped_onednn_has_no_dot_products(monkeypatch):
+    """$ONEDNN_MAX_CPU_ISA below VNNI: oneDNN's int8 runs as on a CPU without VNNI, so the engine is measured,
+    not assumed (and a VNNI machine can measure that case: the issue-62 emulation)."""
+    from minibert import hardware
+
+    monkeypatch.setattr(hardware, "cpu_info", lambda: ("a VNNI CPU", {"avx2", "avx512f", "avx512_vnni"}))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert quantize.has_int8_dot()
+    for cap in ("AVX2", "avx512_core", "SSE41"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert not quantize.has_int8_dot(), cap
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")
+    assert quantize.has_int8_dot()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")  # the older name
+    assert not quantize.has_int8_dot() and quantize.onednn_isa_cap() == "AVX2"
