@@ -51,6 +51,9 @@ from torch import nn
 from ..checks import check_parts
 from ..errors import CheckpointError, InputError, MissingExtra
 
+#: parts (``minibert.parts``) a folder may hold that the graph of its checkpoint alone would not have
+PARTS = {"adapter": "a task module: adapters, prefixes or LoRA, trained on a base",
+         "scalarmix_head": "a ScalarMix classifier's mix and head", "early_exits": "early-exit ramps"}
 #: the graph's inputs, in this order
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 #: the ONNX operator set: 17 has LayerNormalization, which every runtime here reads
@@ -88,13 +91,16 @@ def load_for_export(source):
     from ..loading import resolve_source
     from ..models import BertModel
     from ..models.heads import TASK_CLASSES
+    from ..parts import has_part
     from .sentence import SentenceEncoder, is_sentence_folder
 
     path = resolve_source(source)
     folder = path if path.is_dir() else path.parent
-    if (folder / "task_module.json").exists() or (folder / "adapter_config.json").exists():
-        raise InputError(f"{source} holds task modules, not a model: load them onto their base in Python and pass "
-                         "the model to minibert.export.to_onnx, or merge LoRA and save the merged checkpoint first")
+    extra = [name for name in PARTS if has_part(folder, name)]
+    if extra:  # what a checkpoint path alone would leave out of the graph, silently
+        raise InputError(f"{source} holds {', '.join(extra)} beside (or instead of) a checkpoint ({PARTS[extra[0]]}): "
+                         "load the model in Python as its command does and pass the object to "
+                         "minibert.export.to_onnx(model, out, tokenizer=...)")
     if is_sentence_folder(folder):
         return SentenceEncoder.from_pretrained(folder), str(folder)
     config = read_json_object(folder / "config.json") if (folder / "config.json").exists() else {}

@@ -133,6 +133,12 @@ def test_refused_before_anything_is_written(tmp_path, tiny_encoder_dir):
         to_onnx(tiny_encoder_dir, tmp_path / "c", opset=12, say=None)
     with pytest.raises(InputError, match="--out"):  # the folder the model is read from
         to_onnx(tiny_encoder_dir, tiny_encoder_dir, say=None)
+    module = tmp_path / "module"  # a task module saved beside nothing: the path alone would lose it
+    module.mkdir()
+    for name in ("adapter.json", "adapter.safetensors"):
+        (module / name).write_text("{}")
+    with pytest.raises(InputError, match="task module.*pass the object"):
+        export.load_for_export(module)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("my notes")
@@ -207,3 +213,15 @@ def test_the_public_name_is_minibert_export():
     assert public.to_onnx is to_onnx and public.to_ct2 is export.to_ct2
     with pytest.raises(AttributeError, match="to_tflite"):
         public.to_tflite
+
+
+def test_a_scalarmix_classifier_object_exports(tmp_path, tiny_encoder_dir):
+    """What a path alone would lose (the mix and head are a part beside the checkpoint) exports from the object."""
+    from minibert.training.recipes import ScalarMixClassifier
+
+    tok = BertTokenizer.from_pretrained(tiny_encoder_dir)
+    model = ScalarMixClassifier(BertModel.from_pretrained(tiny_encoder_dir), labels=3, seed=2).eval()
+    with torch.no_grad():
+        model.mix.weights.normal_()  # a mix that is not uniform
+    result = to_onnx(model, tmp_path / "g", tokenizer=tok, say=None)
+    assert result.outputs == ["logits"] and result.checks["model.onnx"]["largest_difference"] < 1e-5
