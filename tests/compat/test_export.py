@@ -222,6 +222,6 @@ def test_a_scalarmix_classifier_object_exports(tmp_path, tiny_encoder_dir):
     tok = BertTokenizer.from_pretrained(tiny_encoder_dir)
     model = ScalarMixClassifier(BertModel.from_pretrained(tiny_encoder_dir), labels=3, seed=2).eval()
     with torch.no_grad():
-        model.mix.weights.normal_()  # a mix that is not uniform
+        model.mix.scalar_parameters.normal_()  # a mix that is not uniform
     result = to_onnx(model, tmp_path / "g", tokenizer=tok, say=None)
     assert result.outputs == ["logits"] and result.checks["model.onnx"]["largest_difference"] < 1e-5
