@@ -60,13 +60,13 @@ def finetune(run: FinetuneRun) -> History:
     ``run.out`` follows the output-folder rule (``outputs.RunFolder``): not the model folder it reads, empty
     or new unless ``resume`` (the unfinished run there goes on, same settings; a finished one is returned
     as it is) or ``overwrite``. Everything is checked before anything is created."""
-    run, chosen = run.with_recipe_defaults()
     options, module, where, world, folder = _checked(run)
     out_dir = folder.path
     batch_size = run.batch_size * world  # under torchrun: each process's share of a batch_size x world batch
     tokenizer = BertTokenizer.from_pretrained(run.model)
     data = read_task_data(run.task, run.train, run.eval, text_column=run.text_column,
                           pair_column=run.text_pair_column, label_column=run.label_column, tag_column=run.tag_column)
+    run, chosen = run.with_recipe_defaults(rows=data.rows, batch_size=batch_size)  # epochs follow the data's size
     model = _model(run, data)
     check_length(model, tokenizer, data, run.max_length)
     settings = {"task": run.task, "recipe": run.recipe, "model": resolved(run.model), "train": resolved(run.train),

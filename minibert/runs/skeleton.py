@@ -120,6 +120,11 @@ class TaskData:
     train: object
     held: object
 
+    @property
+    def rows(self) -> int:
+        """Training rows: texts (or pairs), or tagged sentences."""
+        return len(self.train[0]) if self.task == "tag" else len(self.train.labels)
+
     def labels(self, which: str = "train") -> list:
         data = self.train if which == "train" else self.held
         return [t for row in data[1] for t in row if t is not None] if self.task == "tag" else list(data.labels)

@@ -146,6 +146,7 @@ def test_recipes_carry_their_defaults_and_say_so():
         run, said = FinetuneRun(train="t", eval="e", out="o", recipe=name).with_recipe_defaults()
         assert (run.lr, run.epochs) == (recipe.lr, recipe.epochs) and said == [f"lr {recipe.lr:g}", f"epochs {recipe.epochs}"]
         assert recipe.measured.startswith("accuracy 0.")  # the measurement it comes from
+        assert recipe.min_steps > 0 and recipe.max_epochs >= recipe.epochs  # a schedule in steps, bounded
     assert RECIPES["adapter"].lr > RECIPES["full"].lr  # full fine-tuning's rate left adapters at the majority class
     run, said = FinetuneRun(train="t", eval="e", out="o", recipe="adapter", lr=3e-4).with_recipe_defaults()
     assert run.lr == 3e-4 and said == ["epochs 3"]  # what the user gave is kept
@@ -153,6 +154,57 @@ def test_recipes_carry_their_defaults_and_say_so():
         FinetuneRun(train="t", eval="e", out="o", recipe="adapter", lora_rank=4).recipe_options()
     assert FinetuneRun(train="t", eval="e", out="o", recipe="lora").recipe_options() == \
         {"lora_rank": 8, "lora_targets": ("query", "value"), "merge_lora": False}
+
+
+def test_small_data_takes_more_epochs_up_to_the_recipes_most():
+    """The schedule rule: the recipe's epochs, or as many more as its min_steps optimiser steps need; the
+    last short batch counts as a step; never past max_epochs; the words say which and why."""
+    from minibert.runs.settings import Recipe, recipe_epochs
+
+    recipe = Recipe("x", 1e-3, 3, min_steps=600, max_epochs=20)
+    assert recipe_epochs(recipe, 5452, 16)[0] == 3  # 341 steps an epoch: 3 epochs are 1,023 steps
+    epochs, why = recipe_epochs(recipe, 1211, 16)  # 76 steps an epoch (the last has 11 rows)
+    assert epochs == 8 and why == ("1,211 rows at batch 16: 76 steps an epoch; 8 epochs rather than 3, for at least "
+                                   "600 steps (608)")
+    assert recipe_epochs(recipe, 1200, 16)[0] == 8  # 75 steps: 600 exactly
+    assert recipe_epochs(recipe, 1201, 16)[0] == 8  # 76 steps
+    assert recipe_epochs(recipe, 600, 16)[0] == 16  # 38 steps: 608
+    epochs, why = recipe_epochs(recipe, 40, 16)  # 3 steps an epoch would need 200 epochs
+    assert epochs == 20 and "20 epochs (its most) rather than 3" in why
+    assert recipe_epochs(Recipe("x", 1e-3, 3), 40, 16)[0] == 3  # no min_steps: the recipe's epochs
+    run, said = FinetuneRun(train="t", eval="e", out="o", recipe="adapter").with_recipe_defaults(rows=600)
+    want = recipe_epochs(RECIPES["adapter"], 600, 16)
+    assert run.epochs == want[0] and said[1] == f"epochs {want[0]} ({want[1]})"
+    run, said = FinetuneRun(train="t", eval="e", out="o", recipe="adapter", epochs=2).with_recipe_defaults(rows=600)
+    assert run.epochs == 2 and len(said) == 1  # what the user gave is kept
+    run, _ = FinetuneRun(train="t", eval="e", out="o", recipe="full", batch_size=64).with_recipe_defaults(rows=1200)
+    assert run.epochs == recipe_epochs(RECIPES["full"], 1200, 64)[0]  # the run's own batch size
+
+
+def test_finetune_logs_the_schedule_it_took(tmp_path, capsys, monkeypatch):
+    import dataclasses
+    import shutil
+
+    from conftest import DATA, toy_rows, write_csv
+
+    from minibert.cli import main
+    from minibert.runs import settings as run_settings
+
+    monkeypatch.setitem(run_settings.RECIPES, "adapter",
+                        dataclasses.replace(RECIPES["adapter"], epochs=1, min_steps=3, max_epochs=2))
+    train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
+    model = tmp_path / "base"
+    shutil.copytree(DATA / "adapters" / "base", model)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, 120)]
+    (model / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(model), "--out",
+                 str(tmp_path / "a"), "--recipe", "adapter", "--adapter-size", "4", "--batch-size", "4",
+                 "--max-length", "16", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rows = len(toy_rows(8, 0))
+    assert f"epochs 2 ({rows} rows at batch 4: {-(-rows // 4)} steps an epoch; 2 epochs" in out
+    assert "epoch 2/2" in out
 
 
 def test_finetune_says_which_defaults_it_chose(tmp_path, capsys):
