@@ -212,13 +212,13 @@ def build_runners(folder: Path, config, threads: int, work: Path, spinning: bool
 
 # --------------------------------------------------------------------------------------- measuring
 def agreement(got: np.ndarray, want: np.ndarray, mask: torch.Tensor) -> dict:
-    """Largest difference at real tokens, and the lowest cosine of mean-pooled sentence vectors."""
-    m = mask.numpy().astype(bool)
-    largest = float(np.abs(got - want)[m].max())
-    w = mask.numpy()[..., None].astype(np.float64)
-    a, b = (got * w).sum(1) / w.sum(1), (want * w).sum(1) / w.sum(1)
-    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    return {"largest_difference": largest, "cosine_min": float(cosine.min())}
+    """Largest difference at real tokens, and the lowest cosine of mean-pooled sentence vectors (the measures
+    ``minibert export`` and ``parity --against`` use)."""
+    from minibert.compat.export import difference, sentence_cosines
+
+    m = mask.numpy()
+    return {"largest_difference": difference("last_hidden_state", got, want, m),
+            "cosine_min": float(sentence_cosines(got, want, m).min())}
 
 
 def measure(runners: dict, batches: list, rounds: int) -> list[dict]:

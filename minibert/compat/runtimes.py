@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.parity import DEFAULT_ATOL, MIN_COSINE, ParityReport, Row, make_batches
-from ..errors import CheckpointError, InputError, MissingExtra
-from .export import (CT2_EXTRA, ONNX_EXTRA, ExportGraph, encoder_config, load_for_export, reference_outputs,
-                     sentence_cosines)
+from ..errors import InputError, MissingExtra
+from .export import (CT2_EXTRA, ONNX_EXTRA, ExportGraph, encoder_config, load_for_export, real_differences,
+                     reference_outputs, sentence_cosines)
 
 RUNTIMES = ("auto", "onnxruntime", "openvino", "ctranslate2")
 RUNTIME_ATOL = {"fp32": 1e-4, "int8": DEFAULT_ATOL["int8"]}
@@ -254,11 +254,7 @@ def _compare(deployed: RuntimeModel, graph, batches, blocks: int, atol: float, n
         mask = batch["attention_mask"].numpy().astype(bool)
         count += mask.shape[0]
         for label, g, w in _rows_to_compare(got, want, blocks):
-            a, b = np.asarray(got[g], dtype=np.float64), want[w].astype(np.float64)
-            if a.shape != b.shape:
-                raise CheckpointError(f"{deployed.name}: output {g} has shape {a.shape}, the reference {b.shape}")
-            diff = np.abs(a - b)
-            diff = diff[mask] if diff.ndim >= 2 and diff.shape[:2] == mask.shape else diff
+            diff = real_differences(g, got[g], want[w], mask, deployed.name)
             if label not in stats:
                 order.append(label)
             entry = stats.setdefault(label, [0.0, 0.0, 0])

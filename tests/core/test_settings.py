@@ -181,22 +181,31 @@ def test_small_data_takes_more_epochs_up_to_the_recipes_most():
     assert run.epochs == recipe_epochs(RECIPES["full"], 1200, 64)[0]  # the run's own batch size
 
 
-def test_finetune_logs_the_schedule_it_took(tmp_path, capsys, monkeypatch):
-    import dataclasses
+def _toy_run_files(tmp_path):
+    """A training file of 8 toy rows and a tiny base (3 blocks of 32) with a vocabulary of its words."""
     import shutil
 
     from conftest import DATA, toy_rows, write_csv
+
+    train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
+    model = tmp_path / "base"
+    shutil.copytree(DATA / "adapters" / "base", model)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, 120)]
+    (model / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return train, model
+
+
+def test_finetune_logs_the_schedule_it_took(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    from conftest import toy_rows
 
     from minibert.cli import main
     from minibert.runs import settings as run_settings
 
     monkeypatch.setitem(run_settings.RECIPES, "adapter",
                         dataclasses.replace(RECIPES["adapter"], epochs=1, min_steps=3, max_epochs=2))
-    train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
-    model = tmp_path / "base"
-    shutil.copytree(DATA / "adapters" / "base", model)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, 120)]
-    (model / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    train, model = _toy_run_files(tmp_path)
     capsys.readouterr()
     assert main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(model), "--out",
                  str(tmp_path / "a"), "--recipe", "adapter", "--adapter-size", "4", "--batch-size", "4",
@@ -208,18 +217,9 @@ def test_finetune_logs_the_schedule_it_took(tmp_path, capsys, monkeypatch):
 
 
 def test_finetune_says_which_defaults_it_chose(tmp_path, capsys):
-    from conftest import DATA, toy_rows, write_csv
-
     from minibert.cli import main
 
-    base = DATA / "adapters" / "base"
-    train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
-    model = tmp_path / "base"
-    import shutil
-
-    shutil.copytree(base, model)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, 120)]
-    (model / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    train, model = _toy_run_files(tmp_path)
     capsys.readouterr()
     assert main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(model), "--out",
                  str(tmp_path / "a"), "--recipe", "adapter", "--epochs", "1", "--adapter-size", "4",
