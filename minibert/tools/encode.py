@@ -77,7 +77,8 @@ class _Pooling:
         """(B, width) float32 vectors of one batch, on the model's device (``packing``: made on the host,
         ``fast.host_packing``)."""
         extra = {} if packing is None else {"packing": packing}
-        result = run(**batch, output_hidden_states=self.layers, **extra)  # only the pooled states are kept
+        # only the pooled states are kept; the pooler is not run (its vector is not one of the modes)
+        result = run(**batch, output_hidden_states=self.layers, pooler=False, **extra)
         per_layer = [torch.cat([pool(result.hidden_states[i], batch["attention_mask"], m) for m in self.modes], -1)
                      for i in self.layers]  # each (B, H x modes)
         vectors = (torch.cat(per_layer, -1) if self.combine == "concat" else torch.stack(per_layer).mean(0)).float()

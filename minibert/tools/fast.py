@@ -33,7 +33,9 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
 An int8 model (``dtype="int8"``, ``minibert.quantize``) runs its own quantised weights here, Q, K and V
 fused by rows (activations are quantised per token, so packing does not change their quantisation).
 
-The embeddings, LayerNorms, activation and pooler are the model's own modules. The fused/packed weight
+The embeddings, LayerNorms, activation and pooler compute with the model's own parameters (torch's
+LayerNorm and BERT's embeddings as plain operators on them, ``tools.blocks.embed``: the same numbers
+without the module calls; any other such module is called as it is). The fused/packed weight
 copies live in a cache beside the model, never inside it (copying, pickling and saving a model never see
 them), keyed weakly (freed with the model), checked for staleness on each call against the parameters
 they were made from (an in-place edit, a new tensor, ``.to()``: cheap, no walk over the module tree), and
@@ -58,7 +60,7 @@ from ..checks import check_index
 from ..inputs import check_blocks, check_inputs
 from ..model import BertModel, BertOutput
 from . import kernels, varlen
-from .blocks import PackedInt8Linear, Workspace
+from .blocks import PackedInt8Linear, Workspace, embed
 from .copies import cached_bytes, copies_of, release
 from .graphs import TF32, GraphCache
 from .hooks import has_hooks
@@ -143,13 +145,15 @@ class FastBert:
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                  output_attentions=False, output_hidden_states=True, *, num_blocks=None,
-                 skip_blocks=(), packing: varlen.Packing | None = None) -> BertOutput:
+                 skip_blocks=(), packing: varlen.Packing | None = None, pooler: bool = True) -> BertOutput:
         """As ``BertModel.forward``. ``output_hidden_states``: True (all of them, the default), False
         (``hidden_states`` is None) or the indices to keep (e.g. ``[-1]`` or ``[0, 6]``): ``hidden_states``
         then has its usual length with None in the places not kept. Only what is kept is scattered back to
         (B, T, H); the rest is freed block by block. ``packing``: the batch's ``varlen.Packing`` made on the
         host (``host_packing``), which also says its values were checked there: the forward then reads
-        nothing back from the device."""
+        nothing back from the device. ``pooler=False``: ``pooler_output`` is None and the pooler is not
+        run (a product whose weight one short input reads from memory: ~0.17 ms of MiniLM's 4.7 ms at
+        1 x 16 on a Zen 4); encoders that pool tokens themselves (``encode``) pass it."""
         model = self.model
         num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
         keep = kept_states(output_hidden_states, model.config, num_blocks)
@@ -166,6 +170,7 @@ class FastBert:
                                     num_blocks=num_blocks, skip_blocks=skip_blocks)
             states = out.hidden_states or (None,) * last + (out.last_hidden_state,)
             out.hidden_states = None if keep is None else tuple(t if i in keep else None for i, t in enumerate(states))
+            out.pooler_output = out.pooler_output if pooler else None
             return out
         input_ids, attention_mask, token_type_ids, position_ids = check_inputs(
             model.config, model.device, input_ids, attention_mask, token_type_ids, position_ids,
@@ -179,13 +184,13 @@ class FastBert:
 
         def forward(input_ids, token_type_ids, position_ids, attention_mask=attention_mask):
             return _forward(model, packed.blocks, attention, input_ids, attention_mask, token_type_ids,
-                            position_ids, num_blocks, skip_blocks, keep, packing)
+                            position_ids, num_blocks, skip_blocks, keep, packing, pooler)
         with torch.inference_mode(), TF32(self.tf32 and model.device.type == "cuda"):
             if self.graphs is not None:
                 self.graphs.check(model)
                 # no padding: the shapes are static, the forward can be a graph (of a shape it wants)
                 if attention_mask is None and self.graphs.wants(input_ids.shape):
-                    key = (tuple(input_ids.shape), num_blocks, tuple(sorted(skip_blocks)), keep, attention)
+                    key = (tuple(input_ids.shape), num_blocks, tuple(sorted(skip_blocks)), keep, attention, pooler)
                     return self.graphs.run(packed, key, forward, (input_ids, token_type_ids, position_ids),
                                            model.device)
             return forward(input_ids, token_type_ids, position_ids)
@@ -256,7 +261,7 @@ def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "au
 
 
 def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
-             skip_blocks, keep, packing=None):
+             skip_blocks, keep, packing=None, pooler=True):
     B, T = input_ids.shape
     if packing is None:
         packing = varlen.pack(attention_mask, B, T, device=input_ids.device)  # once for every block
@@ -264,7 +269,7 @@ def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids
         ids, tts, pos = input_ids.reshape(-1), token_type_ids.reshape(-1), position_ids.reshape(-1)
     else:
         ids, tts, pos = (t.reshape(-1)[packing.where] for t in (input_ids, token_type_ids, position_ids))
-    x = model.embeddings(ids[None], tts[None], pos[None])[0]  # (N, H): the model's own embeddings
+    x = embed(model.embeddings, ids, tts, pos)  # (N, H): the model's own embeddings
 
     last = _num_states(model.config, num_blocks) - 1
     kept = {0: x} if keep and 0 in keep else {}  # the packed (N, H) states asked for, by index
@@ -277,7 +282,7 @@ def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids
     # back to (B, T, H) once, at the end: the states asked for, and the last one
     full = {i: packing.scatter(t) for i, t in kept.items()}
     last_state = full[last] if last in full else packing.scatter(x)
-    pooled = model.pooler(last_state) if model.pooler is not None else None
+    pooled = model.pooler(last_state) if model.pooler is not None and pooler else None
     hidden_states = None if keep is None else tuple(full.get(i) for i in range(last + 1))
     return BertOutput(last_hidden_state=last_state, pooler_output=pooled, hidden_states=hidden_states)
 
@@ -320,7 +325,7 @@ class Stepper:
         self.rows = torch.arange(B)
         self.workspace = Workspace()
         with torch.inference_mode():
-            self.x = model.embeddings(ids[None], tts[None], pos[None])[0]  # (N, H)
+            self.x = embed(model.embeddings, ids, tts, pos)  # (N, H)
 
     def run_block(self, i: int) -> None:
         with torch.inference_mode():

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from conftest import BASE, PAIRS, SENTENCES, SyncCounter, random_batch_for, transformers
 from minibert import BertConfig, BertModel, BertTokenizer
 from minibert.errors import InputError
+from minibert.model import Embeddings
 from minibert.testing import fp32_noise_floor
 from minibert.testing import largest_difference as compare
 from minibert.tools import blocks, copies, kernels, plan
@@ -192,6 +193,67 @@ def test_fast_path_notices_every_kind_of_model_change(minilm_dir, minilm):
     model.double()  # .to(): same Parameter objects, new data
     with torch.inference_mode():
         assert prepare(model)(**batch).last_hidden_state.dtype == torch.float64
+
+
+def test_edits_to_layernorms_and_embeddings_reach_the_fast_path(minilm_dir, minilm):
+    """The fast path reads the LayerNorms' and embeddings' own parameters (as plain operators, not module
+    calls): an in-place edit, a replaced LayerNorm module and a replaced embeddings module all show."""
+    _, tok = minilm
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
+    fast = prepare(model)
+
+    def agree():
+        with torch.inference_mode():
+            slow, quick = model(**batch), fast(**batch)
+        return compare(slow, quick, batch["attention_mask"]) <= noise_factor(model) * fp32_noise_floor(model, batch)
+
+    with torch.inference_mode():
+        before = fast(**batch).last_hidden_state
+    with torch.no_grad():
+        model.encoder.blocks[3].ffn_norm.weight.mul_(1.5)
+        model.embeddings.position.weight[2].add_(0.5)
+    assert agree()
+    with torch.inference_mode():
+        assert not torch.allclose(fast(**batch).last_hidden_state, before)
+    norm = torch.nn.LayerNorm(model.config.hidden_size, eps=1e-3)  # another module, another eps
+    norm.load_state_dict(model.encoder.blocks[1].attn_norm.state_dict())
+    model.encoder.blocks[1].attn_norm = norm.eval()
+    assert agree()
+
+    class Doubled(Embeddings):  # an embeddings module of the user's own: called as it is
+        def forward(self, *args):
+            return 2 * super().forward(*args)
+
+    doubled = Doubled(model.config)
+    doubled.load_state_dict(model.embeddings.state_dict())
+    model.embeddings = doubled.eval()
+    assert agree()
+    with torch.inference_mode():
+        assert not torch.allclose(fast(**batch).last_hidden_state, before)
+
+
+def test_the_embeddings_as_plain_operators_are_the_modules_numbers(minilm):
+    model, tok = minilm
+    batch = dict(tok(PAIRS[0], PAIRS[1], padding=True, return_tensors="pt"))
+    ids, tts = batch["input_ids"].reshape(-1), batch["token_type_ids"].reshape(-1)
+    pos = torch.arange(ids.shape[0]) % 7
+    with torch.inference_mode():
+        want = model.embeddings(ids[None], tts[None], pos[None])[0]
+        assert torch.equal(blocks.embed(model.embeddings, ids, tts, pos), want)
+
+
+def test_pooler_false_skips_the_pooler_only(minilm):
+    model, tok = minilm
+    batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
+    fast = prepare(model)
+    with torch.inference_mode():
+        full, bare = fast(**batch), fast(**batch, pooler=False)
+        assert full.pooler_output is not None and bare.pooler_output is None
+        assert torch.equal(full.last_hidden_state, bare.last_hidden_state)
+        assert all(torch.equal(a, b) for a, b in zip(full.hidden_states, bare.hidden_states))
+        # the readable path (attention maps asked for) says the same
+        assert fast(**batch, output_attentions=True, pooler=False).pooler_output is None
 
 
 def test_early_exit_and_skip_in_the_fast_path(minilm):
