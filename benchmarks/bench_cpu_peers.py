@@ -85,8 +85,8 @@ def minibert_runner(folder: Path, dtype: str):
     model = BertModel.from_pretrained(folder, dtype=None if dtype == "fp32" else dtype).eval()
     runner = fast.prepare(model)
 
-    def run(b):
-        return runner(**b, output_hidden_states=False).last_hidden_state.numpy()
+    def run(b):  # the last hidden state only, as the ONNX graph computes (its pooler is pruned)
+        return runner(**b, output_hidden_states=False, pooler=False).last_hidden_state.numpy()
     return run
 
 
@@ -221,16 +221,24 @@ def agreement(got: np.ndarray, want: np.ndarray, mask: torch.Tensor) -> dict:
             "cosine_min": float(sentence_cosines(got, want, m).min())}
 
 
-def measure(runners: dict, batches: list, rounds: int) -> list[dict]:
+#: seconds of sleep before each runner's turn (``timing.alternate``'s gap): in one process the runner timed
+#: before keeps the cores busy after it returns -- ORT's pool spins ~40 ms after a run (its default), torch's
+#: OpenMP threads ~10 ms (measured on the Zen 4: CPU time used while the process sleeps) --, so without a
+#: gap the next runner starts sharing the cores with it (our one-query forward timed 10 ms after an ORT run
+#: took 9-16 ms, against 5-6 alone; the untimed settle calls absorbed most of it, the gap the rest)
+GAP = 0.06
+
+
+def measure(runners: dict, batches: list, rounds: int, gap: float = GAP) -> list[dict]:
     rows = []
     for name, B, T, real, goal in batches:
         b = batch(B, T, real, seed=1)
         want = runners["transformers sdpa"](b)
         repeat = 20 if B * T <= 16 else 1  # a short query is timed over 20 calls a round
         fns = {k: (lambda run=run: [run(b) for _ in range(repeat)]) for k, run in runners.items()}
-        # each runner's timed calls follow untimed ones of its own: the runtime before it may have left
-        # its threads spinning (ORT's default), its weights in cache
-        times = harness.alternate(fns, rounds, warmup=1, rotate=True, settle=1)
+        # each runner's turn starts once the runner before has let go of the cores (``gap``), then an untimed
+        # call of its own (its threads awake, its weights in cache), then the timed one
+        times = harness.alternate(fns, rounds, warmup=1, rotate=True, settle=1, gap=gap)
         row = {"batch": name, "B": B, "T": T, "real_fraction": real, "goal": goal, "runners": {}}
         for k, run in runners.items():
             row["runners"][k] = {"ratio": round(harness.paired_ratio(times, k, "transformers sdpa"), 3),
@@ -258,7 +266,7 @@ def measure_ct2(folder: Path, work: Path, args, rounds: int) -> dict | str:
         return "not installed (ctranslate2)"
     out = work / "ct2.json"
     command = [sys.executable, __file__, "--ct2-only", str(folder), "--ct2-json", str(out), "--rounds", str(rounds),
-               "--threads", str(args.threads)] + (["--dry"] if args.dry else [])
+               "--threads", str(args.threads), "--gap", str(args.gap)] + (["--dry"] if args.dry else [])
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         return f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
@@ -298,10 +306,10 @@ def corpus_row(work: Path, args) -> dict | str:
                       1 if args.dry else 3)
 
 
-def ct2_only(folder: Path, out: Path, dry: bool, rounds: int, threads: int) -> int:
+def ct2_only(folder: Path, out: Path, dry: bool, rounds: int, threads: int, gap: float) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_ct2_") as tmp:
         runners = {"transformers sdpa": transformers_runner(folder, "sdpa"), **ct2_runners(folder, Path(tmp), threads)}
-        rows = measure(runners, DRY_BATCHES if dry else BATCHES, rounds)
+        rows = measure(runners, DRY_BATCHES if dry else BATCHES, rounds, gap)
     out.write_text(json.dumps({row["batch"]: row["runners"] for row in rows}))
     return 0
 
@@ -337,7 +345,7 @@ def end_to_end(folder: Path, work: Path, config, threads: int, texts: list[str],
     fns = {"minibert": lambda: ours.encode(texts, batch_size=32, normalize_embeddings=True),
            "ORT + Rust tokenizer": ort_pipeline,
            "sentence-transformers": lambda: theirs.encode(texts, batch_size=32, normalize_embeddings=True)}
-    times = harness.alternate(fns, rounds, warmup=1, rotate=True)
+    times = harness.alternate(fns, rounds, warmup=1, rotate=True, gap=GAP)
     want = fns["minibert"]()
     row = {"texts": len(texts), "texts_per_second": {}, "largest_difference": {}}
     for name, fn in fns.items():
@@ -368,7 +376,12 @@ def page(result: dict) -> str:
              f"{about['threads']} threads for every runner (ORT's idle threads "
              f"{'spinning, its default' if result.get('ort_spinning') else 'not spinning'}), Python {about['python']}; "
              + ", ".join(f"{k} {v}" for k, v in about["versions"].items())
-             + f". Command: `{result['command']}` ({result['seconds']:.0f} s, {result['rounds']} alternating rounds)."
+             + f". Command: `{result['command']}` ({result['seconds']:.0f} s, {result['rounds']} alternating rounds"
+             + (f"; {result['gap_s'] * 1e3:.0f} ms of sleep before each runner's turn, so the one before has let "
+                "go of the cores -- ORT's pool spins ~40 ms after a run, torch's OpenMP threads ~10 ms --, then "
+                "an untimed call of its own" if result.get("gap_s") else "; runners timed back to back, each "
+                "sharing the cores with the spinning threads of the one before")
+             + "; minibert's runners return the last hidden state without the pooler, as the ONNX graph does)."
              + (" **A dry run: a tiny model, no figure to read.**" if result["dry"] else ""), "",
              "Each cell: time / transformers' fp32 `BertModel` (sdpa), the median over rounds of the paired "
              "ratio, with the milliseconds of the median round; the last row: each runner's largest difference "
@@ -431,6 +444,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 15; --dry 2)")
     p.add_argument("--threads", type=int, default=2, help="threads of every runner (default 2)")
     p.add_argument("--dry", action="store_true", help="a tiny random model, 2 rounds: every step, no figure")
+    p.add_argument("--gap", type=float, default=None,
+                   help=f"seconds of sleep before each runner's turn, so the one before has let go of the cores "
+                        f"(default {GAP}; --dry 0.005; 0 times them back to back, sharing the cores)")
     p.add_argument("--no-ort-spinning", action="store_true",
                    help="ORT's idle threads sleep at once (its default is to spin a while)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the results files")
@@ -442,10 +458,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads < 1 or (args.rounds is not None and args.rounds < 1):
         p.error(f"--threads={args.threads} and --rounds={args.rounds} must be at least 1")
+    if args.gap is not None and not 0 <= args.gap <= 10:
+        p.error(f"--gap={args.gap}: seconds in [0, 10]")
+    args.gap = args.gap if args.gap is not None else 0.005 if args.dry else GAP
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.dry else 15)
     if args.ct2_only is not None:
-        return ct2_only(args.ct2_only, args.ct2_json, args.dry, rounds, args.threads)
+        return ct2_only(args.ct2_only, args.ct2_json, args.dry, rounds, args.threads, args.gap)
     if args.end_to_end_only:
         result = json.loads((Path(args.out) / f"{args.name}.json").read_text())
         with tempfile.TemporaryDirectory(prefix="bench_cpu_peers_") as tmp:
@@ -455,7 +474,7 @@ def main(argv=None) -> int:
         return 0
     start = time.time()
     result = {"machine": machine(args.threads), "rounds": rounds, "dry": args.dry, "models": [],
-              "ort_spinning": not args.no_ort_spinning,
+              "ort_spinning": not args.no_ort_spinning, "gap_s": args.gap,
               "command": "python benchmarks/bench_cpu_peers.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     with tempfile.TemporaryDirectory(prefix="bench_cpu_peers_") as tmp:
         work = Path(tmp)
@@ -467,7 +486,7 @@ def main(argv=None) -> int:
             where.mkdir()
             runners, notes = build_runners(folder, config, args.threads, where, spinning=not args.no_ort_spinning)
             print(f"{name}: {', '.join(runners)}" + (f" (left out: {notes['missing']})" if notes["missing"] else ""))
-            rows = measure(runners, DRY_BATCHES if args.dry else BATCHES, rounds)
+            rows = measure(runners, DRY_BATCHES if args.dry else BATCHES, rounds, args.gap)
             del runners
             merge_ct2(rows, measure_ct2(folder, where, args, rounds), notes)
             result["models"].append({"name": name, "rows": rows, "notes": notes})

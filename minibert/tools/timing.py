@@ -13,13 +13,16 @@ import time
 
 
 def alternate(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False,
-              settle: int = 0) -> dict[str, list[float]]:
+              settle: int = 0, gap: float = 0.0) -> dict[str, list[float]]:
     """Seconds of each call of each function: ``warmup`` untimed calls each first, then ``rounds`` rounds
     calling every function once (A, B, C, A, B, C, ...; with ``rotate`` each round starts one later, so no
     function always runs right after the same one). ``settle``: untimed calls of a function right before
-    each timed one, so that it starts with its own weights in cache and its own threads awake (where
-    several runtimes share a process, each with a thread pool, the one that ran before may still hold
-    the cores for a while)."""
+    each timed one, so that it starts with its own weights in cache and its own threads awake.
+    ``gap``: seconds of sleep before a function's turn (its settle calls, then its timed one), so that the
+    thread pool of the one before has gone idle: where several runtimes share a process, the one that
+    ran before keeps the cores busy for a while after it returns (on the Zen 4, 2 threads: ONNX Runtime's
+    pool spins ~40 ms after a run, its default; torch's OpenMP threads ~10 ms), and without a gap the
+    next one is timed sharing the cores with it."""
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -28,6 +31,8 @@ def alternate(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False,
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)] if rotate else names
         for name in order:
+            if gap:
+                time.sleep(gap)
             for _ in range(settle):
                 fns[name]()
             start = time.perf_counter()
