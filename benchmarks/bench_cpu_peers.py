@@ -390,7 +390,9 @@ def page(result: dict) -> str:
              "has run, every torch operator in its process is slower for good (its own copy of libgomp; on the "
              "Zen 4 a LayerNorm call went 6.5 -> 45 us), which would charge its cost to the runners after it. "
              "The last column is issue 62's measure: our fast path's time / ORT's "
-             "optimised fp32 graph, beside its goal.", ""]
+             "optimised fp32 graph, beside its goal. Where one is missed, why is on the profile page "
+             "(`benchmarks/bench_profile.py`: one query's time by operator beside ORT's, and the goal beside our "
+             "products alone) and in the fast-path how-to.", ""]
     for model in result["models"]:
         names = list(model["rows"][0]["runners"])
         lines += [f"## {model['name']}", "", "| batch | " + " | ".join(names) + " | fast / ORT fp32 (goal) |",
