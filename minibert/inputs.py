@@ -40,8 +40,9 @@ def _as_long_tensor(name: str, value, device) -> torch.Tensor:
 def _check_range(name: str, ids: torch.Tensor, limit: int, what: str, hint: str = "") -> None:
     if torch.compiler.is_compiling():  # a value check would break the compiled graph; shapes are checked
         return
-    low, high = torch.aminmax(ids)  # one pass, one read back (a short input pays for each small operator)
-    if low.item() < 0 or high.item() >= limit:
+    low, high = torch.aminmax(ids)  # one pass (a short input pays for each small operator), one read back
+    low, high = (low.item(), high.item()) if ids.device.type == "cpu" else torch.stack((low, high)).tolist()
+    if low < 0 or high >= limit:
         where = tuple(int(i) for i in ((ids < 0) | (ids >= limit)).nonzero()[0])
         raise InputError(f"{name} has value {int(ids[where])} at position {where}; it must be in "
                          f"[0, {limit}) ({what}={limit}){hint}")

@@ -155,6 +155,8 @@ class FastBert:
         run (a product whose weight one short input reads from memory: ~0.17 ms of MiniLM's 4.7 ms at
         1 x 16 on a Zen 4); encoders that pool tokens themselves (``encode``) pass it."""
         model = self.model
+        if not isinstance(pooler, bool):
+            raise InputError(f"pooler={pooler!r}: pass True (run the pooler) or False (pooler_output is None)")
         num_blocks, skip_blocks = check_blocks(model.config, num_blocks, skip_blocks)
         keep = kept_states(output_hidden_states, model.config, num_blocks)
         readable = (output_attentions or model.training or torch.compiler.is_compiling() or has_hooks(model)

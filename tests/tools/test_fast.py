@@ -254,6 +254,8 @@ def test_pooler_false_skips_the_pooler_only(minilm):
         assert all(torch.equal(a, b) for a, b in zip(full.hidden_states, bare.hidden_states))
         # the readable path (attention maps asked for) says the same
         assert fast(**batch, output_attentions=True, pooler=False).pooler_output is None
+    with pytest.raises(InputError, match="pooler='no'"):
+        fast(**batch, pooler="no")
 
 
 def test_early_exit_and_skip_in_the_fast_path(minilm):
