@@ -195,6 +195,12 @@ def _toy_run_files(tmp_path):
     return train, model
 
 
+def _adapter_finetune(train, model, out, *options) -> list[str]:
+    """The command line of a small adapter run on ``_toy_run_files``' file and base, with ``options``."""
+    return ["finetune", "--train", str(train), "--eval", str(train), "--model", str(model), "--out", str(out),
+            "--recipe", "adapter", "--adapter-size", "4", "--max-length", "16", "--quiet", *options]
+
+
 def test_finetune_logs_the_schedule_it_took(tmp_path, capsys, monkeypatch):
     import dataclasses
 
@@ -207,9 +213,7 @@ def test_finetune_logs_the_schedule_it_took(tmp_path, capsys, monkeypatch):
                         dataclasses.replace(RECIPES["adapter"], epochs=1, min_steps=3, max_epochs=2))
     train, model = _toy_run_files(tmp_path)
     capsys.readouterr()
-    assert main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(model), "--out",
-                 str(tmp_path / "a"), "--recipe", "adapter", "--adapter-size", "4", "--batch-size", "4",
-                 "--max-length", "16", "--quiet"]) == 0
+    assert main(_adapter_finetune(train, model, tmp_path / "a", "--batch-size", "4")) == 0
     out = capsys.readouterr().out
     rows = len(toy_rows(8, 0))
     assert f"epochs 2 ({rows} rows at batch 4: {-(-rows // 4)} steps an epoch; 2 epochs" in out
@@ -221,9 +225,7 @@ def test_finetune_says_which_defaults_it_chose(tmp_path, capsys):
 
     train, model = _toy_run_files(tmp_path)
     capsys.readouterr()
-    assert main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(model), "--out",
-                 str(tmp_path / "a"), "--recipe", "adapter", "--epochs", "1", "--adapter-size", "4",
-                 "--max-length", "16", "--quiet"]) == 0
+    assert main(_adapter_finetune(train, model, tmp_path / "a", "--epochs", "1")) == 0
     out = capsys.readouterr().out
     assert f"recipe adapter: lr {RECIPES['adapter'].lr:g} (its defaults, measured: {RECIPES['adapter'].measured})" in out
     assert "--batch-size: must be >= 1, got 0" in usage_error(capsys, "finetune", "--train", train, "--eval", train,

@@ -46,6 +46,12 @@ def both(model, batch, **kw):
         return model(**batch, **kw), prepare(model)(**batch, **kw)
 
 
+def agrees(model, batch, factor) -> bool:
+    """The fast path within ``factor`` fp32 noise floors of the readable path, at real tokens."""
+    slow, fast = both(model, batch)
+    return compare(slow, fast, batch["attention_mask"]) <= factor * fp32_noise_floor(model, batch)
+
+
 @pytest.mark.parametrize("kind", ["pairs", "sentences", "dense", "left_padded"])
 def test_fast_matches_readable_on_real_weights(minilm, kind):
     model, tok = minilm
@@ -175,21 +181,15 @@ def test_fast_path_notices_every_kind_of_model_change(minilm_dir, minilm):
     _, tok = minilm
     model = BertModel.from_pretrained(minilm_dir).eval()
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
-    fast = prepare(model)
 
-    def agree():
-        with torch.inference_mode():
-            slow, quick = model(**batch), fast(**batch)
-        return compare(slow, quick, batch["attention_mask"]) <= 4 * fp32_noise_floor(model, batch)
-
-    assert agree()
+    assert agrees(model, batch, 4)
     block = model.encoder.blocks[1]
     block.attn.value.weight = torch.nn.Parameter(block.attn.value.weight.detach() * 0.5)  # a new tensor
-    assert agree()
+    assert agrees(model, batch, 4)
     model.encoder.blocks[4] = copy.deepcopy(model.encoder.blocks[0])  # a replaced block
-    assert agree()
+    assert agrees(model, batch, 4)
     model.load_state_dict(BertModel.from_pretrained(minilm_dir).state_dict())  # a load (in place)
-    assert agree()
+    assert agrees(model, batch, 4)
     model.double()  # .to(): same Parameter objects, new data
     with torch.inference_mode():
         assert prepare(model)(**batch).last_hidden_state.dtype == torch.float64
@@ -202,24 +202,20 @@ def test_edits_to_layernorms_and_embeddings_reach_the_fast_path(minilm_dir, mini
     model = BertModel.from_pretrained(minilm_dir).eval()
     batch = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
     fast = prepare(model)
-
-    def agree():
-        with torch.inference_mode():
-            slow, quick = model(**batch), fast(**batch)
-        return compare(slow, quick, batch["attention_mask"]) <= noise_factor(model) * fp32_noise_floor(model, batch)
+    bound = noise_factor(model)
 
     with torch.inference_mode():
         before = fast(**batch).last_hidden_state
     with torch.no_grad():
         model.encoder.blocks[3].ffn_norm.weight.mul_(1.5)
         model.embeddings.position.weight[2].add_(0.5)
-    assert agree()
+    assert agrees(model, batch, bound)
     with torch.inference_mode():
         assert not torch.allclose(fast(**batch).last_hidden_state, before)
     norm = torch.nn.LayerNorm(model.config.hidden_size, eps=1e-3)  # another module, another eps
     norm.load_state_dict(model.encoder.blocks[1].attn_norm.state_dict())
     model.encoder.blocks[1].attn_norm = norm.eval()
-    assert agree()
+    assert agrees(model, batch, bound)
 
     class Doubled(Embeddings):  # an embeddings module of the user's own: called as it is
         def forward(self, *args):
@@ -228,7 +224,7 @@ def test_edits_to_layernorms_and_embeddings_reach_the_fast_path(minilm_dir, mini
     doubled = Doubled(model.config)
     doubled.load_state_dict(model.embeddings.state_dict())
     model.embeddings = doubled.eval()
-    assert agree()
+    assert agrees(model, batch, bound)
     with torch.inference_mode():
         assert not torch.allclose(fast(**batch).last_hidden_state, before)
 
