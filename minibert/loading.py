@@ -493,6 +493,13 @@ def copy_tokenizer(model_source, out_dir) -> None:
     (created when missing), so that a checkpoint written there is usable on its own."""
     source = resolve_source(model_source)
     source = source if source.is_dir() else source.parent
+    dangling = [name for name in TOKENIZER_FILES if (source / name).is_symlink() and not (source / name).exists()]
+    if dangling:  # a link whose file is gone: copying "what is there" would silently leave the tokenizer out
+        raise CheckpointError(f"{source / dangling[0]} is a link to a file that is gone "
+                              f"({(source / dangling[0]).resolve()}): the tokenizer cannot be copied with the model")
+    if not any((source / name).is_file() for name in ("vocab.txt", "tokenizer.json")):
+        raise CheckpointError(f"{source} has no vocab.txt or tokenizer.json: there is no tokenizer to copy beside "
+                              "the model, which could not then be used on its own")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:

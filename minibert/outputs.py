@@ -44,7 +44,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from typing import Callable, Iterator, Mapping
 
 from .errors import InputError
 from .locks import LOCK_FILE, Lock, alive, held_by, held_message, process_start
-from .textfiles import _exchange, file_sha256, output_dir, output_file, write_text_atomic
+from .textfiles import _exchange, file_sha256, output_dir, output_file, temporary_dir, write_text_atomic
 
 RECORD_FILE = ".minibert-run.json"
 FILES_RECORD = ".minibert-files.json"  # what minibert wrote into a folder, file by file (``note_written``)
@@ -92,8 +91,33 @@ def _data_path(value) -> Path | None:
     return path.resolve() if path.exists() else None
 
 
+#: how many entries of a read folder are followed for links out of it (a model folder holds a few dozen)
+LINK_SCAN_LIMIT = 20_000
+
+
+def linked_out(folder: Path) -> list[Path]:
+    """The resolved targets of the links under ``folder`` that point outside it: what the folder's readers
+    really read there. A folder of links to another model's files reads that model, which a run must then
+    not delete or replace either."""
+    out: list[Path] = []
+    seen = 0
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        for name in files + dirs:
+            seen += 1
+            if seen > LINK_SCAN_LIMIT:
+                return out
+            item = here / name
+            if item.is_symlink():
+                target = item.resolve()
+                if not target.is_relative_to(folder) and target not in out:
+                    out.append(target)
+    return out
+
+
 def protected(reads: Mapping[str, object]) -> list[tuple[str, str, Path]]:
-    """(option, kind, resolved path) of everything ``reads`` names on disk: a model's folder, a data path."""
+    """(option, kind, resolved path) of everything ``reads`` names on disk: a model's folder, a data path,
+    and (kind "link") what a link inside a read folder points to outside it."""
     out = []
     for option, source in reads.items():
         kind, values = (source.kind, source.source) if isinstance(source, Read) else ("model", source)
@@ -101,6 +125,8 @@ def protected(reads: Mapping[str, object]) -> list[tuple[str, str, Path]]:
             path = model_folder(value) if kind == "model" else _data_path(value)
             if path is not None:
                 out.append((option, kind, path))
+                if path.is_dir():
+                    out += [(option, "link", target) for target in linked_out(path)]
     return out
 
 
@@ -118,6 +144,10 @@ def check_not_reading(out, reads: Mapping[str, object], what: str = "--out") -> 
             how = "contains"
         else:
             continue
+        if kind == "link":
+            raise InputError(f"{what} {str(out)!r} {how} {path}, which a link in the folder {option} reads points to: "
+                             f"the command reads that file, so writing there would {'destroy' if how == 'is' else 'replace or delete'} "
+                             f"its own input; give {what} a path of its own")
         if kind == "model":
             raise InputError(f"{what} {str(out)!r} {how} the model folder {option} reads ({path}): what is written "
                              f"there would {'replace or mix with' if how != 'contains' else 'bury'} that model's "
@@ -237,6 +267,8 @@ def fingerprint_reads(reads: Mapping[str, object]) -> dict[str, dict]:
     (``changed_reads``): a run that goes on over other data would silently be another run."""
     found: dict[str, dict] = {}
     for _, kind, path in protected(reads):
+        if kind == "link":  # read through the folder's own files below
+            continue
         if kind == "model":
             files = [f for pattern in MODEL_FILES for f in sorted(path.glob(pattern)) if f.is_file()]
         elif path.is_dir():
@@ -296,10 +328,12 @@ def unaccounted(folder) -> list[str]:
     written when it last wrote the record (``files``); a sub-folder with a record of its own (a depth
     study's runs) answers for itself. Without a record, every file."""
     folder = Path(folder)
-    known = set((read_record(folder) or {}).get("files") or [])
+    record = read_record(folder) or {}
+    known = set(record.get("files") or [])
+    declared = tuple(str(name) for name in record.get("declared") or [])  # ``RunFolder.will_write``
     out, own = [], {}
     for rel in _files_under(folder):
-        if rel in known:
+        if rel in known or rel in declared or rel.startswith(tuple(f"{d}/" for d in declared)):
             continue
         parts = rel.split("/")
         sub = next((Path(*parts[:i]) for i in range(1, len(parts))
@@ -542,7 +576,7 @@ class RunFolder:
 
     def _replace(self, lock: Lock) -> None:
         """Swap the folder for an empty one holding only the lock, in one step; then delete the old one."""
-        new = Path(tempfile.mkdtemp(prefix=f".{self.real.name}.{os.getpid()}.", suffix=".tmp", dir=self.real.parent))
+        new = temporary_dir(f".{self.real.name}.{os.getpid()}.", self.real.parent)
         try:
             os.link(lock.path, new / LOCK_FILE)  # the same lock, held all along
             linked = True
@@ -577,6 +611,14 @@ class RunFolder:
             return
         self.record.setdefault("summary", {}).update(json.loads(json.dumps(values, default=str)))
         self._save_record()
+
+    def will_write(self, *names: str) -> None:
+        """Declare, before writing them, the files (or folders) the run is about to write in its folder: a
+        process killed while writing one leaves a file its record accounts for, which ``--overwrite`` may
+        then replace (otherwise a half-written file would look like a user's)."""
+        if self.writer and self.record is not None:
+            self.record["declared"] = sorted({*(self.record.get("declared") or []), *names})
+            self._save_record()
 
     def account(self) -> None:
         """Write the record again with the files the run has written so far (after a checkpoint): a run killed

@@ -374,6 +374,30 @@ def _remove_stale(path: Path) -> None:
             continue
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temporary_dir(prefix: str, parent) -> Path:
+    """A new folder in ``parent`` for a write that is renamed into place afterwards, with the permissions a
+    plain ``mkdir`` gives under the umask (``tempfile.mkdtemp`` makes it 0700: the folder it becomes would
+    then be closed to everyone but its owner, unlike a folder the same command creates directly)."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent))
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
+
+
 @contextmanager
 def atomic_dir(path, replaced=()):
     """Write the files of folder ``path`` so that a process killed at any moment leaves either the old
@@ -386,14 +410,12 @@ def atomic_dir(path, replaced=()):
     not kept beside a new single file). A write killed half-way leaves its temporary folder, which the next
     write to the same path deletes once its process is gone. The parent folder is created when missing,
     as ``save_pretrained`` always did."""
-    import tempfile
-
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise InputError(f"{path} is a file; a checkpoint is written to a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
+    tmp = temporary_dir(f".{path.name}.{os.getpid()}.", path.parent)
     try:
         yield tmp
         if path.is_dir():

@@ -43,10 +43,41 @@ DEFAULT_PAIRS = [
     ("He went to the store to buy milk and eggs for breakfast.", "The store was closed."),
     ("Short.", "A somewhat longer second segment with several more tokens in it, to pad the first."),
 ]
+#: the built-in inputs also reach the model's last position: a text and a pair long enough to fill every
+#: position (``max_length``: 512 for BERT), each padded beside a short one. Ordinary words, varied, so that
+#: every position embedding is added to a real token's
+LONG_TEXT = ("The committee met again on Tuesday to review the river survey, the new budget for the library, "
+             "and seven letters from residents who asked why the old bridge near the station was still closed. ")
+LONG_PAIR = ("Which of the reports mentioned the harbour, the weather station and the museum's winter hours? ",
+             "Most of them did, although the second report described the harbour in far more detail than the rest. ")
 DEFAULT_ATOL = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-3, "int8": 2.0}
 assert set(DEFAULT_ATOL) == {*SHORT_DTYPES, *QUANTISED_DTYPES}  # every dtype name (names.py) has a tolerance
 #: int8 is judged by what its users compare, the sentence vectors: mean-pooled last layer, cosine to fp32's
 MIN_COSINE = {"int8": 0.99}
+#: a task head in int8 is judged by its decisions: the share of argmax labels (per input; per real token for a
+#: tagger; start and end for extractive QA) that agree with fp32's. 0.9: ORT's dynamic int8 of a fine-tuned
+#: MiniLM classifier agrees on 13-14 of the 14 built-in inputs (results page runtime parity); a head that
+#: computes something else agrees at chance
+MIN_AGREEMENT = {"int8": 0.9}
+
+
+#: what must be equal for two models to be compared at all: their shapes, and what the last position is
+GEOMETRY = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+            "max_position_embeddings", "type_vocab_size")
+
+
+def geometry(config) -> dict:
+    """The geometry of a BertConfig, as ``GEOMETRY``'s fields."""
+    return {name: getattr(config, name) for name in GEOMETRY}
+
+
+def check_same_geometry(a: dict, b: dict, name_a: str, name_b: str) -> None:
+    """Refuse, in one line, two models whose geometries differ (each field both state): a comparison of one
+    model's first blocks with another's would otherwise pass on what the two share."""
+    differ = [f"{k} {a[k]} vs {b[k]}" for k in a if k in b and a[k] is not None and b[k] is not None and a[k] != b[k]]
+    if differ:
+        raise InputError(f"{name_a} and {name_b} are not the same model: {', '.join(differ)}; parity compares one "
+                         "model computed two ways, so their geometry must be the same")
 
 
 @dataclass
@@ -73,6 +104,13 @@ class ParityReport:
     cosine_min: float | None = None
     cosine_mean: float | None = None
     min_cosine: float | None = None  # when set, cosine_min below it fails the report
+    longest: int = 0  # the longest input compared, in tokens
+    positions: int | None = None  # the model's max_position_embeddings
+    # a task head's decisions: the share of argmax labels that agree (runtime parity), and the least that passes
+    agreement: float | None = None
+    min_agreement: float | None = None
+    fingerprints: dict = field(default_factory=dict)  # side -> what was read, as sha256
+    notes: list = field(default_factory=list)  # what the reader must know to read the rows (what was not seen)
 
     @property
     def first_divergent(self) -> str | None:
@@ -82,15 +120,40 @@ class ParityReport:
         return None
 
     @property
+    def cosine_ok(self) -> bool:
+        return self.min_cosine is None or (self.cosine_min is not None and self.cosine_min >= self.min_cosine)
+
+    @property
+    def agreement_ok(self) -> bool:
+        return self.min_agreement is None or (self.agreement is not None and self.agreement >= self.min_agreement)
+
+    @property
     def ok(self) -> bool:
-        cosine_ok = self.min_cosine is None or (self.cosine_min is not None and self.cosine_min >= self.min_cosine)
-        return self.first_divergent is None and cosine_ok
+        return self.first_divergent is None and self.cosine_ok and self.agreement_ok
+
+    def reasons(self) -> list[str]:
+        """Why the report fails, each with the number that failed and its bound ([] when it passes)."""
+        out = []
+        first = self.first_divergent
+        if first is not None:
+            row = next(r for r in self.rows if r.layer == first)
+            out.append(f"first layer over {self.atol:g}: {first} ({row.worst():.2e})")
+        if not self.cosine_ok:
+            out.append("sentence cosine too low: " + (f"{self.cosine_min:.4f} < {self.min_cosine:g}"
+                                                      if self.cosine_min is not None else "not measured"))
+        if not self.agreement_ok:
+            out.append("head's argmax agreement too low: " + (f"{self.agreement:.4f} < {self.min_agreement:g}"
+                                                             if self.agreement is not None else "not measured"))
+        return out
 
     def table(self) -> str:
         w = max([12, *(len(row.layer) + 2 for row in self.rows)])  # "block 11 (last)" is wider than "block 11"
-        lines = [f"parity: {self.a}  vs  {self.b}  ({self.dtype}, {self.inputs} inputs, atol {self.atol:g}; "
-                 "differences over real tokens)",
-                 f"{'layer':<{w}}{'hidden max':>12}{'hidden mean':>13}{'attn max':>11}{'attn mean':>11}"]
+        reach = f", longest {self.longest} tokens" + (f" of {self.positions} positions" if self.positions else "") \
+            if self.longest else ""
+        lines = [f"parity: {self.a}  vs  {self.b}  ({self.dtype}, {self.inputs} inputs{reach}, atol {self.atol:g}; "
+                 "differences over real tokens)"]
+        lines += [f"  {side}: {what}" for side, what in self.fingerprints.items()]
+        lines += [f"{'layer':<{w}}{'hidden max':>12}{'hidden mean':>13}{'attn max':>11}{'attn mean':>11}"]
         first = self.first_divergent
 
         def fmt(v):
@@ -104,16 +167,19 @@ class ParityReport:
         worst = max((r.worst() for r in self.rows), default=0.0)
         if self.cosine_min is not None:
             lines.append(f"sentence vectors (mean of the last layer): cosine min {self.cosine_min:.4f}, mean "
-                         f"{self.cosine_mean:.4f}" + (f" (needs >= {self.min_cosine:g})" if self.min_cosine else ""))
+                         f"{self.cosine_mean:.4f}" + (f" (needs >= {self.min_cosine:g})"
+                                                      if self.min_cosine is not None else ""))
+        if self.agreement is not None:
+            lines.append(f"task head: argmax agreement {self.agreement:.4f}"
+                         + (f" (needs >= {self.min_agreement:g})" if self.min_agreement is not None else ""))
+        lines += [f"note: {note}" for note in self.notes]
         lines.append(f"result: {'PASS' if self.ok else 'FAIL'} -- largest difference {worst:.2e}"
-                     + (f"; first layer over {self.atol:g}: {first}" if first else "")
-                     + ("; sentence cosine too low" if self.min_cosine and not (self.cosine_min or 0) >= self.min_cosine
-                        else ""))
+                     + "".join(f"; {reason}" for reason in self.reasons()))
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data.update(first_divergent=self.first_divergent, ok=self.ok)
+        data.update(first_divergent=self.first_divergent, ok=self.ok, reasons=self.reasons())
         return data
 
     def write_json(self, path) -> None:
@@ -189,7 +255,8 @@ def make_batches(tokenizer, texts=None, pairs=None, batch_size: int = 8, max_len
     """Padded batches of the texts (and of the pairs): built-in ones when neither is given. Kept in the
     given order on purpose, not length-sorted as ``tools.batching`` would: a parity check wants short and
     long inputs padded together, so that the mask's effect on every layer is compared too."""
-    if texts is None and pairs is None:
+    builtin = texts is None and pairs is None
+    if builtin:
         texts, pairs = DEFAULT_TEXTS, DEFAULT_PAIRS
     batches = []
     texts = list(texts or [])
@@ -202,9 +269,31 @@ def make_batches(tokenizer, texts=None, pairs=None, batch_size: int = 8, max_len
         chunk = pairs[start:start + batch_size]
         batches.append(dict(tokenizer([a for a, _ in chunk], [b for _, b in chunk], padding=True,
                                       truncation=True, max_length=max_length, return_tensors="pt")))
+    if builtin and max_length is not None:  # every position, each long input padded beside a short one
+        batches += reaching_batches(tokenizer, max_length)
     if not batches:
         raise InputError("no inputs: give at least one text")
     return batches
+
+
+def reaching_batches(tokenizer, max_length: int) -> list[dict]:
+    """A text and a pair that fill all ``max_length`` positions (truncated there), each padded beside a
+    short input: what a check needs to see a model's late positions (a runtime whose position embeddings
+    past 200 were lost agrees with the reference on every shorter input)."""
+    words = max_length + 8  # at least one token a word: enough to be cut at max_length
+    long_text = " ".join((LONG_TEXT * (words // 30 + 2)).split()[:words])
+    first, second = (" ".join((part * (words // 30 + 2)).split()[:words]) for part in LONG_PAIR)
+    texts = dict(tokenizer([long_text, "Hi!"], padding=True, truncation=True, max_length=max_length,
+                           return_tensors="pt"))
+    pairs = dict(tokenizer([first, "Short."], [second, "Yes."], padding=True, truncation=True,
+                           max_length=max_length, return_tensors="pt"))
+    return [texts, pairs]
+
+
+def longest_input(batches: list[dict]) -> int:
+    """The most real tokens of any input in ``batches``."""
+    return max(int(b["attention_mask"].sum(1).max()) if "attention_mask" in b else b["input_ids"].shape[1]
+               for b in batches)
 
 
 def compare(run_a: Runner, run_b: Runner, batches: list[dict], *, atol: float, name_a: str = "a",
@@ -245,7 +334,7 @@ def compare(run_a: Runner, run_b: Runner, batches: list[dict], *, atol: float, n
             cosines.append(torch.nn.functional.cosine_similarity(va.double(), vb.double(), dim=-1))
 
     every = torch.cat(cosines) if cosines else torch.ones(0)
-    report = ParityReport(a=name_a, b=name_b, dtype=dtype, atol=atol, inputs=count,
+    report = ParityReport(a=name_a, b=name_b, dtype=dtype, atol=atol, inputs=count, longest=longest_input(batches),
                           cosine_min=float(every.min()) if every.numel() else None,
                           cosine_mean=float(every.mean()) if every.numel() else None, min_cosine=MIN_COSINE.get(dtype))
     for layer, kinds in stats.items():  # insertion order: embeddings, block 0, ..., pooler
@@ -278,22 +367,35 @@ def run_parity(model: str, *, against: str | None = None, dtype: str = "fp32", t
             raise InputError(f"{model} is a {placement} model (norm_placement={placement!r}): transformers cannot "
                              "represent it (its BertModel is BERT's post-LN), so there is nothing of transformers' to "
                              "compare it with; compare it with another minibert checkpoint instead: --against B")
+    from ..loading import read_config
+
     tokenizer = BertTokenizer.from_pretrained(tokenizer_source or model)
-    batches = make_batches(tokenizer, texts=texts) if texts is not None else make_batches(tokenizer)
+    positions = read_config(model).max_position_embeddings
+    batches = make_batches(tokenizer, texts=texts) if texts is not None else \
+        make_batches(tokenizer, max_length=positions)  # the built-in inputs reach the last position
     if dtype == "int8":  # int8 against fp32, both through minibert's fast path (what an int8 user runs)
         if against is not None:
             raise InputError("--dtype int8 compares the int8 model with its own fp32 weights; leave out --against")
         from ..tools import fast
 
         reference, quantised = BertModel.from_pretrained(model), BertModel.from_pretrained(model, dtype="int8")
-        return compare(fast_runner(fast.prepare(quantised)), fast_runner(fast.prepare(reference)), batches, atol=atol,
-                       name_a=f"minibert int8 {model}", name_b=f"minibert fp32 {model}", dtype=dtype)
+        report = compare(fast_runner(fast.prepare(quantised)), fast_runner(fast.prepare(reference)), batches,
+                         atol=atol, name_a=f"minibert int8 {model}", name_b=f"minibert fp32 {model}", dtype=dtype)
+        report.positions = positions
+        return report
     torch_dtype = parse_dtype(dtype)
     ours = BertModel.from_pretrained(model, dtype=torch_dtype, device=device)
     if against is None:
         reference = load_transformers(model, torch_dtype).to(device or "cpu")
-        return compare(minibert_runner(ours), transformers_runner(reference), batches, atol=atol,
-                       name_a=f"minibert {model}", name_b=f"transformers {model}", dtype=dtype)
-    other = BertModel.from_pretrained(against, dtype=torch_dtype, device=device)
-    return compare(minibert_runner(ours), minibert_runner(other), batches, atol=atol, name_a=model,
-                   name_b=against, dtype=dtype)
+        report = compare(minibert_runner(ours), transformers_runner(reference), batches, atol=atol,
+                         name_a=f"minibert {model}", name_b=f"transformers {model}", dtype=dtype)
+    else:
+        other = BertModel.from_pretrained(against, dtype=torch_dtype, device=device)
+        check_same_geometry(geometry(ours.config), geometry(other.config), model, against)
+        if (ours.pooler is None) != (other.pooler is None):
+            raise InputError(f"{model if ours.pooler is None else against} has no pooler and "
+                             f"{against if ours.pooler is None else model} has one: not the same model")
+        report = compare(minibert_runner(ours), minibert_runner(other), batches, atol=atol, name_a=model,
+                         name_b=against, dtype=dtype)
+    report.positions = positions
+    return report

@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import tempfile
 import warnings
@@ -50,6 +51,9 @@ from torch import nn
 
 from ..checks import check_parts
 from ..errors import CheckpointError, InputError, MissingExtra
+from ..loading import TOKENIZER_FILES
+from ..textfiles import write_text_atomic
+from .deployed import CT2_EXTRA, ONNX_EXTRA, RECORD, RUNTIME_ATOL, RuntimeModel, ort_session
 
 #: parts (``minibert.parts``) a folder may hold that the graph of its checkpoint alone would not have
 PARTS = {"adapter": "a task module: adapters, prefixes or LoRA, trained on a base",
@@ -58,10 +62,6 @@ PARTS = {"adapter": "a task module: adapters, prefixes or LoRA, trained on a bas
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 #: the ONNX operator set: 17 has LayerNormalization, which every runtime here reads
 OPSET = 17
-#: what ``to_onnx`` writes besides the graphs
-RECORD = "export.json"
-ONNX_EXTRA = "pip install -e \".[onnx]\" in the minibert checkout (or pip install onnx onnxruntime)"
-CT2_EXTRA = "pip install -e \".[ct2]\" in the minibert checkout (or pip install ctranslate2 transformers)"
 
 
 @dataclasses.dataclass
@@ -74,9 +74,12 @@ class ExportResult:
     def summary(self) -> str:
         lines = [f"wrote {self.folder} (outputs: {', '.join(self.outputs)})"]
         for name, check in self.checks.items():
-            cosine = check.get("cosine_min")
+            cosine, agreement = check.get("cosine_min"), check.get("argmax_agreement")
             lines.append(f"  {name}: largest difference from the model {check['largest_difference']:.2e}"
-                         + (f", sentence-vector cosine min {cosine:.4f}" if cosine is not None else ""))
+                         + (f", sentence-vector cosine min {cosine:.4f}" if cosine is not None else "")
+                         + (f", head's argmax agreement {agreement:.4f}" if agreement is not None else "")
+                         + (f"; minibert parity: {check['parity'].upper()}" if "parity" in check else "")
+                         + (f" ({'; '.join(check['reasons'])})" if check.get("reasons") else ""))
         if self.fusions:
             lines.append("  ORT optimiser fused: " + ", ".join(f"{k} {v}" for k, v in self.fusions.items()))
         return "\n".join(lines)
@@ -101,13 +104,62 @@ def load_for_export(source):
         raise InputError(f"{source} holds {', '.join(extra)} beside (or instead of) a checkpoint ({PARTS[extra[0]]}): "
                          "load the model in Python as its command does and pass the object to "
                          "minibert.export.to_onnx(model, out, tokenizer=...)")
+    # the file named is the file read: a .safetensors file inside a folder loads that file, the folder's other
+    # files (config, tokenizer, modules.json) beside it
     if is_sentence_folder(folder):
-        return SentenceEncoder.from_pretrained(folder), str(folder)
+        return SentenceEncoder.from_pretrained(path), str(folder)
     config = read_json_object(folder / "config.json") if (folder / "config.json").exists() else {}
     kind = next((a for a in config.get("architectures") or [] if a in TASK_CLASSES), None)
     if kind is not None:
-        return TASK_CLASSES[kind].from_pretrained(folder).eval(), str(folder)
-    return BertModel.from_pretrained(source, mlm_head=False).eval(), str(folder)
+        return TASK_CLASSES[kind].from_pretrained(path).eval(), str(folder)
+    return BertModel.from_pretrained(path, mlm_head=False).eval(), str(folder)
+
+
+def read_fingerprints(source) -> dict[str, str]:
+    """{file: sha256} of what loading ``source`` reads: its config.json and weight files (the named file,
+    not its folder's ``model.safetensors``). {} for a model object or a source without a local checkpoint."""
+    from ..loading import find_checkpoint, resolve_source
+    from ..textfiles import file_sha256
+
+    if not isinstance(source, (str, Path)):
+        return {}
+    path = resolve_source(source)
+    try:
+        config, weights = find_checkpoint(path)
+    except CheckpointError:  # a sentence-transformers folder whose BERT sits in a sub-folder
+        from .sentence import is_sentence_folder
+
+        if not (path.is_dir() and is_sentence_folder(path)):
+            raise
+        return {}
+    return {str(f): file_sha256(f) for f in [config, *weights]}
+
+
+def model_fingerprint(model) -> str:
+    """sha256 of the weights a model object holds (``tools.fingerprint``): the same for the same values,
+    however they were saved."""
+    from ..tools.fingerprint import weights_fingerprint
+
+    return weights_fingerprint(_module(model))
+
+
+def head_of(model) -> str | None:
+    """The task head's class name (``BertForSequenceClassification``, ...) or None for an encoder."""
+    from ..models.heads import TASK_CLASSES
+
+    module = _module(model)
+    return type(module).__name__ if type(module).__name__ in TASK_CLASSES else None
+
+
+def describe_model(model) -> dict:
+    """What a deployed form must have to be this model: its geometry, its head and labels, its pooler."""
+    from ..analysis.parity import geometry
+
+    config = encoder_config(model)
+    encoder = getattr(_module(model), "bert", _module(model))
+    head = head_of(model)
+    return {**geometry(config), "head": head, "num_labels": getattr(config, "num_labels", None) if head else None,
+            "pooler": getattr(encoder, "pooler", None) is not None}
 
 
 def encoder_config(model):
@@ -170,11 +222,31 @@ class ExportGraph(nn.Module):
 
 # ------------------------------------------------------------------------------------------- checking
 def check_batches(tokenizer, config) -> list[dict]:
-    """minibert's parity inputs (varied lengths, padding, pairs), truncated to what the model takes."""
+    """minibert's parity inputs (varied lengths, padding, pairs), reaching the model's last position."""
     from ..analysis.parity import make_batches
 
-    limit = min(config.max_position_embeddings, getattr(tokenizer, "model_max_length", 512) or 512)
-    return make_batches(tokenizer, max_length=limit)
+    return make_batches(tokenizer, max_length=config.max_position_embeddings)
+
+
+#: the outputs that hold a task head's decisions, judged in int8 by argmax agreement
+HEAD_OUTPUTS = ("logits", "start_logits", "end_logits")
+#: where the sentence vector is read from, in order of preference
+VECTOR_OUTPUTS = ("sentence_embedding", "last_hidden_state", "token_embeddings")
+
+
+def argmax_agreement(name: str, got, want: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+    """(decisions that agree, decisions) of a head's output: a label per input ((B, labels) logits), per real
+    token ((B, T, labels): a tagger), or a position per input ((B, T) start / end logits, over real tokens)."""
+    got, want, real = np.asarray(got, dtype=np.float64), want.astype(np.float64), mask.astype(bool)
+    if got.shape != want.shape:
+        raise CheckpointError(f"output {name} has shape {got.shape}, the reference {want.shape}: another head")
+    if want.ndim == 3:  # (B, T, labels): a label per real token
+        same = got.argmax(-1) == want.argmax(-1)
+        return int(same[real].sum()), int(real.sum())
+    if want.ndim == 2 and want.shape == real.shape and name != "logits":  # (B, T): a position per input
+        got, want = np.where(real, got, -np.inf), np.where(real, want, -np.inf)
+    same = got.argmax(-1) == want.argmax(-1)
+    return int(same.sum()), int(same.size)
 
 
 def reference_outputs(graph: ExportGraph, batch: dict) -> dict[str, np.ndarray]:
@@ -212,32 +284,65 @@ def check_graph(path: Path, graph: ExportGraph, batches: list[dict], references:
     every output, per output, and the lowest cosine of the sentence vectors. ``references``: the model's
     outputs on the batches (``reference_outputs``), when already computed for another graph."""
     session = ort_session(path)
+    run = lambda batch: dict(zip([o.name for o in session.get_outputs()],  # noqa: E731
+                                 session.run(None, {n: batch[n].numpy() for n in INPUTS})))
+    return check_outputs(run, graph, batches, references)
+
+
+def check_outputs(run, graph: ExportGraph, batches: list[dict], references: list[dict] | None = None,
+                  compared=None) -> dict:
+    """A deployed form's outputs (``run(batch) -> {name: array}``) against the model's on ``batches``: the
+    largest difference per output (``compared``: the output names to compare; default every output of the
+    graph), the lowest cosine of the sentence vectors (``VECTOR_OUTPUTS``), a head's argmax agreement."""
     worst: dict[str, float] = {}
-    cosines = []
+    cosines, agree, decisions = [], 0, 0
     references = references or [reference_outputs(graph, batch) for batch in batches]
     for batch, want in zip(batches, references):
-        got = dict(zip([o.name for o in session.get_outputs()],
-                       session.run(None, {n: batch[n].numpy() for n in INPUTS})))
+        got = run(batch)
         mask = batch["attention_mask"].numpy()
         for name, value in want.items():
+            if compared is not None and name not in compared:
+                continue
             worst[name] = max(worst.get(name, 0.0), difference(name, got[name], value, mask))
-        vector = "sentence_embedding" if "sentence_embedding" in want else graph.names[0]
-        if want[vector].ndim in (2, 3) and want[vector].shape[0] == mask.shape[0]:
-            cosines.append(sentence_cosines(got[vector], want[vector], mask))
+            if name in HEAD_OUTPUTS:
+                a, n = argmax_agreement(name, got[name], value, mask)
+                agree, decisions = agree + a, decisions + n
+        vector = next((n for n in VECTOR_OUTPUTS if n in want and n in got), None)
+        if vector is not None:
+            cosines.append(sentence_cosines(np.asarray(got[vector]), want[vector], mask))
     return {"largest_difference": max(worst.values()), "per_output": worst,
-            "cosine_min": float(np.concatenate(cosines).min()) if cosines else None}
+            "cosine_min": float(np.concatenate(cosines).min()) if cosines else None,
+            "argmax_agreement": agree / decisions if decisions else None}
 
 
-def ort_session(path, threads: int | None = None):
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise MissingExtra(f"running an ONNX graph needs ONNX Runtime: {ONNX_EXTRA}") from None
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    options.log_severity_level = 3  # its warnings about unused initialisers are not the user's business
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+def judge(check: dict, dtype: str) -> list[str]:
+    """What ``minibert parity --against`` would fail a written form for, by its own bounds ([]: it passes):
+    fp32 every output within ``RUNTIME_ATOL["fp32"]``; int8 the sentence-vector cosine and a head's argmax
+    agreement."""
+    from ..analysis.parity import MIN_AGREEMENT, MIN_COSINE
+
+    out = []
+    if dtype == "fp32" and not check["largest_difference"] <= RUNTIME_ATOL["fp32"]:
+        out.append(f"largest difference {check['largest_difference']:.2e} > {RUNTIME_ATOL['fp32']:g}")
+    if dtype == "int8":
+        cosine, agreement = check.get("cosine_min"), check.get("argmax_agreement")
+        if cosine is not None and not cosine >= MIN_COSINE["int8"]:
+            out.append(f"sentence-vector cosine min {cosine:.4f} < {MIN_COSINE['int8']:g}")
+        if agreement is not None and not agreement >= MIN_AGREEMENT["int8"]:
+            out.append(f"head's argmax agreement {agreement:.4f} < {MIN_AGREEMENT['int8']:g}")
+    return out
+
+
+def finish_check(check: dict, name: str, dtype: str, warn) -> dict:
+    """A written form's check with its dtype and verdict. An fp32 form that is not the model is an error (the
+    export is wrong: nothing to deploy); an int8 form that parity would fail is said (``warn``) and recorded."""
+    failed = judge(check, dtype)
+    check.update(dtype=dtype, parity="fail" if failed else "pass", reasons=failed)
+    if failed and dtype == "fp32":
+        raise CheckpointError(f"{name} does not compute what the model computes ({'; '.join(failed)}): not exported")
+    if failed and warn:
+        warn(f"minibert: warning: {name} ({dtype}) would FAIL minibert parity --against: {'; '.join(failed)}")
+    return check
 
 
 # -------------------------------------------------------------------------------------------- writing
@@ -291,43 +396,91 @@ def to_onnx(model, out, *, hidden_states: bool = False, optimize: bool = False, 
     from ..outputs import RunFolder
 
     _check_installed(optimize, int8)  # before anything is loaded or written
+    check_opset(opset)
     source = None
     if isinstance(model, (str, Path)):
         source = str(model)
         model, _ = load_for_export(source)
     check_exportable(model)
-    tokenizer, source = _tokenizer_of(model, source, tokenizer)
-    if opset < 14:
-        raise InputError(f"opset {opset}: the export needs opset 14 or later (17 has LayerNormalization)")
+    tokenizer, tokenizer_source = _tokenizer_of(model, source, tokenizer)
     config = encoder_config(model)
-    folder = RunFolder(out, command="export", reads={"--model": source} if source else {}, overwrite=overwrite,
-                       resumable=False)
+    reads = {"--model": source} if source else {}
+    folder = RunFolder(out, command="export", reads=reads, overwrite=overwrite, resumable=False)
     graph = ExportGraph(model, hidden_states=hidden_states)
     batches = check_batches(tokenizer, config)
     settings = {"format": "onnx", "model": source, "hidden_states": hidden_states, "optimize": optimize,
                 "int8": int8, "opset": opset}
+    head = head_of(model)
     with folder.claim(settings):
-        path = folder.path / "model.onnx"
-        _trace(graph, _tracing_batch(batches), path, opset)
-        references = [reference_outputs(graph, batch) for batch in batches]  # the model's, once for every graph
-        checks = {path.name: check_graph(path, graph, batches, references)}
-        fusions = {}
-        if optimize:
-            path, fusions = optimize_graph(path, config)
-            checks[path.name] = check_graph(path, graph, batches, references)
-        if int8:
-            quantised = quantize_graph(path)
-            checks[quantised.name] = check_graph(quantised, graph, batches, references)
-        if source is not None:
-            copy_tokenizer(source, folder.path)
-        config.to_json_file(folder.path / "config.json")
+        # every name this export may write, declared before it is written: a process killed mid-write leaves
+        # files its run record accounts for, which --overwrite then replaces
+        folder.will_write("model.onnx", "model_optimized.onnx", "model_int8.onnx", "config.json", RECORD, WORK,
+                          *TOKENIZER_FILES)
+        with _work_under(folder.path) as work:
+            path = folder.path / "model.onnx"
+            _trace(graph, _tracing_batch(batches), path, opset)
+            references = [reference_outputs(graph, batch) for batch in batches]  # the model's, once for every graph
+            checks = {path.name: finish_check(check_graph(path, graph, batches, references), path.name, "fp32", say)}
+            fusions = {}
+            if optimize:
+                path, fusions = optimize_graph(path, config)
+                checks[path.name] = finish_check(check_graph(path, graph, batches, references), path.name, "fp32",
+                                                 say)
+            if int8:
+                quantised = quantize_graph(path, work)
+                checks[quantised.name] = finish_check(check_graph(quantised, graph, batches, references),
+                                                      quantised.name, "int8", say)
+        if tokenizer_source is not None:
+            copy_tokenizer(tokenizer_source, folder.path)
+        config.to_json_file(folder.path / "config.json", architectures=(head or "BertModel",))
         result = ExportResult(folder.path, list(graph.names), checks, fusions)
         record = {**settings, "inputs": list(INPUTS), "outputs": result.outputs, "checks": checks,
-                  "fusions": fusions, "torch": torch.__version__}
-        (folder.path / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+                  "fusions": fusions, **provenance(model, source, folder.path, checks), "torch": torch.__version__}
+        write_text_atomic(folder.path / RECORD, json.dumps(record, indent=2) + "\n")
     if say:
         say(result.summary())
     return result
+
+
+#: a folder inside ``--out`` where an export's helpers write their temporary files (ORT's quantiser,
+#: CTranslate2's converter): a killed export leaves them there, declared, never in the system's temp folder
+WORK = ".minibert-work"
+
+
+@contextlib.contextmanager
+def _work_under(folder: Path):
+    """``folder/WORK``, made the temporary folder of this process (``tempfile.tempdir``) while inside: what a
+    converter or quantiser writes for itself lands in ``--out`` and is removed with it at the end."""
+    work = folder / WORK
+    work.mkdir(exist_ok=True)
+    before = tempfile.tempdir
+    tempfile.tempdir = str(work)
+    try:
+        yield work
+    finally:
+        tempfile.tempdir = before
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def provenance(model, source, folder: Path, checks: dict) -> dict:
+    """What an export records of where it came from and what it wrote: the model's geometry and head, the
+    sha256 of every file read (``read_fingerprints``: the named file, not its folder's), of the weights as
+    loaded, and of each written form (``minibert parity`` reports them)."""
+    from ..textfiles import file_sha256
+
+    written = {name: file_sha256(folder / name) for name in checks if (folder / name).is_file()}
+    return {"model_described": describe_model(model), "read": read_fingerprints(source) if source else {},
+            "weights_sha256": model_fingerprint(model), "written": written}
+
+
+def check_opset(opset: int) -> None:
+    """The opsets torch's TorchScript exporter writes, from 14 (BERT's operators) to its most."""
+    from torch.onnx import _constants
+
+    most = getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _constants.ONNX_MAX_OPSET)
+    if not 14 <= opset <= most:
+        raise InputError(f"opset {opset}: the export writes opsets 14 (BERT's operators) to {most} (torch "
+                         f"{torch.__version__}'s exporter; 17 has LayerNormalization)")
 
 
 def _check_installed(optimize: bool, int8: bool) -> None:
@@ -356,7 +509,7 @@ def optimize_graph(path: Path, config) -> tuple[Path, dict]:
     return optimised, {k: v for k, v in graph.get_fused_operator_statistics().items() if v}
 
 
-def quantize_graph(path: Path) -> Path:
+def quantize_graph(path: Path, work: Path | None = None) -> Path:
     """ORT's dynamic int8 quantisation of ``path`` (int8 weights, per-tensor activations quantised on each
     call): ``model_int8.onnx`` beside it."""
     try:
@@ -365,6 +518,9 @@ def quantize_graph(path: Path) -> Path:
     except ImportError:
         raise MissingExtra(f"--int8 runs ONNX Runtime's quantiser: {ONNX_EXTRA}") from None
     quantised = path.parent / "model_int8.onnx"
+    if work is None:  # a call of its own (not to_onnx's): its temporary files beside the graph, removed after
+        with _work_under(path.parent) as work:
+            return quantize_graph(path, work)
     with warnings.catch_warnings(), _quiet_root_logger():
         warnings.simplefilter("ignore")  # its advice to run pre-processing first (a root-logger warning, too)
         # ORT's fused operators carry no output type for the quantiser's shape inference: they are fp32
@@ -403,9 +559,15 @@ def _quiet_transformers():
 # -------------------------------------------------------------------------------------- CTranslate2
 def to_ct2(source, out, *, quantization: str | None = None, overwrite: bool = False, say=print) -> Path:
     """Convert a BERT checkpoint with CTranslate2's converter into ``out`` (``model.bin``, its config and
-    vocabulary), fixing what the converter cannot read (module docstring) in a copy of the checkpoint;
-    ``quantization``: None (fp32 weights) or one of CTranslate2's ("int8", "int8_float32", ...)."""
-    from ..loading import read_config, resolve_source
+    vocabulary, the tokenizer files, ``export.json``), checked against the model as ``to_onnx``'s graphs are;
+    ``quantization``: None (fp32 weights) or one of CTranslate2's ("int8", "int8_float32", ...).
+
+    What is converted is exactly what minibert loads from ``source`` (the file named, strictly: a config that
+    does not fit its weights is refused rather than left to the converter's random initialisation). A model
+    without a pooler is converted with a zero pooler (CTranslate2's BERT always computes one: its
+    ``pooler_output`` is then zeros, never random, and export.json says so). A task head, a ScalarMix head,
+    task modules or early exits are refused: CTranslate2's Encoder carries the encoder only."""
+    from ..loading import copy_tokenizer
     from ..outputs import RunFolder
 
     try:
@@ -413,31 +575,87 @@ def to_ct2(source, out, *, quantization: str | None = None, overwrite: bool = Fa
         import transformers  # noqa: F401 -- CTranslate2's converter loads the checkpoint with it
     except ImportError as e:
         raise MissingExtra(f"converting to CTranslate2 needs {e.name}: {CT2_EXTRA}") from None
-    path = resolve_source(source)
-    folder_in = path if path.is_dir() else path.parent
-    config = read_config(source)
-    if config.norm_placement != "post":
-        raise InputError(f"{source} is a {config.norm_placement} model: CTranslate2's BERT is post-LN only (it loads "
+    if not isinstance(source, (str, Path)):
+        raise InputError(f"to_ct2 converts a checkpoint path, got {type(source).__name__}: save the model "
+                         "(model.save_pretrained(dir)) and convert that folder")
+    from ..loading import read_config
+
+    placement = read_config(source).norm_placement
+    if placement != "post":
+        raise InputError(f"{source} is a {placement} model: CTranslate2's BERT is post-LN only (it loads "
                          "checkpoints through transformers, whose BertModel is post-LN)")
+    model, tokenizer_source = load_for_export(source)  # strict: refuses a config that does not fit the weights
+    head = head_of(model)
+    if head is not None:
+        raise InputError(f"{source} is a {head}: CTranslate2's Encoder carries the encoder only, so its head would "
+                         "be dropped; export it with minibert export onnx (the graph carries the head), or convert "
+                         "the encoder alone (save model.bert with save_pretrained and convert that)")
+    config = encoder_config(model)
+    encoder = getattr(_module(model), "bert", _module(model))
     folder = RunFolder(out, command="export", reads={"--model": str(source)}, overwrite=overwrite, resumable=False)
-    with folder.claim({"format": "ct2", "model": str(source), "quantization": quantization}), \
-            tempfile.TemporaryDirectory() as work:
-        copy = Path(work) / "checkpoint"
-        shutil.copytree(folder_in, copy, ignore=shutil.ignore_patterns(".minibert-*", "*.onnx"))
-        data = json.loads((copy / "config.json").read_text())
-        data.setdefault("position_embedding_type", "absolute")  # read by the converter; gone from transformers 5
-        data["architectures"] = ["BertModel"]
-        (copy / "config.json").write_text(json.dumps(data, indent=2))
-        converted = Path(work) / "ct2"
-        try:
-            with _quiet_transformers():
-                ctranslate2.converters.TransformersConverter(str(copy)).convert(str(converted),
-                                                                                quantization=quantization)
-        except Exception as e:  # the converter's own failure, said in one line rather than its traceback
-            raise CheckpointError(f"CTranslate2's converter (ctranslate2 {ctranslate2.__version__}) could not convert "
-                                  f"{source}: {type(e).__name__}: {e}") from None
-        for item in converted.iterdir():
-            shutil.move(str(item), folder.path / item.name)
+    settings = {"format": "ct2", "model": str(source), "quantization": quantization}
+    dtype = "int8" if quantization and quantization.startswith("int8") else "fp32"
+    with folder.claim(settings):
+        folder.will_write("model.bin", "config.json", "vocabulary.json", "vocabulary.txt", "shared_vocabulary.json",
+                          "shared_vocabulary.txt", RECORD, WORK, *TOKENIZER_FILES)
+        with _work_under(folder.path) as work:
+            copy = work / "checkpoint"  # only what is converted: the encoder minibert loaded, and its config
+            copy.mkdir()
+            config.to_json_file(copy / "config.json")
+            data = json.loads((copy / "config.json").read_text())
+            data.setdefault("position_embedding_type", "absolute")  # read by the converter; gone from transformers 5
+            (copy / "config.json").write_text(json.dumps(data, indent=2))
+            _write_encoder_weights(encoder, copy)
+            converted = work / "ct2"
+            try:
+                with _quiet_transformers():
+                    ctranslate2.converters.TransformersConverter(str(copy)).convert(str(converted),
+                                                                                    quantization=quantization)
+            except Exception as e:  # the converter's own failure, said in one line rather than its traceback
+                raise CheckpointError(f"CTranslate2's converter (ctranslate2 {ctranslate2.__version__}) could not "
+                                      f"convert {source}: {type(e).__name__}: {e}") from None
+            for item in converted.iterdir():
+                shutil.move(str(item), folder.path / item.name)
+        copy_tokenizer(tokenizer_source, folder.path)
+        graph = ExportGraph(model, hidden_states=False)
+        graph.eval()
+        batches = check_batches(BertTokenizer_of(tokenizer_source), config)
+        deployed = RuntimeModel(folder.path, dtype=dtype, unfinished_ok=True)
+        compared = ["last_hidden_state"] + (["pooler_output"] if encoder.pooler is not None else [])
+        check = finish_check(check_outputs(deployed.run, graph, batches, compared=compared), "model.bin", dtype, say)
+        checks = {"model.bin": check}
+        record = {**settings, "inputs": list(INPUTS), "outputs": ["last_hidden_state", "pooler_output"],
+                  "pooler_output": "the model's" if encoder.pooler is not None else
+                  "zeros: the checkpoint has no pooler (CTranslate2's BERT computes one; not the model's output)",
+                  "checks": checks, **provenance(model, str(source), folder.path, checks),
+                  "ctranslate2": ctranslate2.__version__, "torch": torch.__version__}
+        write_text_atomic(folder.path / RECORD, json.dumps(record, indent=2) + "\n")
     if say:
-        say(f"wrote {folder.path} (CTranslate2, {quantization or 'fp32 weights'})")
+        say(ExportResult(folder.path, record["outputs"], checks).summary()
+            .replace(f"wrote {folder.path}", f"wrote {folder.path} (CTranslate2, {quantization or 'fp32 weights'})")
+            + ("" if encoder.pooler is not None else
+               "\n  no pooler in the checkpoint: pooler_output is zeros (CTranslate2 always computes one); use "
+               "last_hidden_state"))
     return folder.path
+
+
+def BertTokenizer_of(source):  # noqa: N802 -- the tokenizer of a checkpoint source
+    from ..tokenizer import BertTokenizer
+
+    return BertTokenizer.from_pretrained(source)
+
+
+def _write_encoder_weights(encoder, folder: Path) -> None:
+    """The weights the converter reads: the encoder exactly as minibert loaded it (so the file named is the
+    file converted), under transformers' names (``loading.tensor_map``); a checkpoint without a pooler gets a
+    zero one, so that the converter initialises nothing at random."""
+    from safetensors.torch import save_file
+
+    from ..loading import tensor_map
+
+    ours = encoder.state_dict()
+    H = encoder.config.hidden_size
+    zero = {"pooler.dense.weight": torch.zeros(H, H), "pooler.dense.bias": torch.zeros(H)}
+    state = {theirs: (ours[name] if name in ours else zero[theirs]).detach().float().contiguous()
+             for theirs, name, _ in tensor_map(encoder.config, with_pooler=True)}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})

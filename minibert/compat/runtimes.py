@@ -1,24 +1,31 @@
 """Check a deployed model -- an ONNX graph run by ONNX Runtime or OpenVINO, an OpenVINO IR, a CTranslate2
-folder -- against minibert's exact reference, layer by layer: ``minibert parity --model M --against
-PATH`` and ``minibert.testing.assert_runtime_close``.
+folder (``compat/deployed.py`` runs them) -- against minibert's exact reference, layer by layer: ``minibert
+parity --model M --against PATH`` and ``minibert.testing.assert_runtime_close``.
+
+A comparison covers the whole model or refuses. A deployed model of another geometry (export.json's record:
+layers, hidden size, heads, vocabulary, positions), another depth (the hidden states it outputs) or another
+head (logits where the reference has none, a head dropped) is refused in one line, before any number is
+read. The final output is always compared, whatever hidden states the runtime also exposes; the built-in
+inputs reach the model's last position (``analysis.parity.reaching_batches``). An export that never finished
+is refused (``deployed.export_record``).
 
 The report is ``minibert parity``'s: one row a layer where the runtime exposes hidden states (a graph
 exported with ``minibert export onnx --hidden-states`` names them ``hidden_state_0`` ... ``hidden_state_L``),
-else the final state (``last_hidden_state``, or sentence-transformers' ``token_embeddings``); then the
-pooler, the task head's outputs and the sentence vector where the runtime has them. Differences are over
-real tokens. The first row over the tolerance is where the runtime parts from the reference.
+then its final state (``last_hidden_state``, or sentence-transformers' ``token_embeddings``: the row
+"output (last layer)"), the pooler, the task head's outputs and the sentence vector where the runtime has them.
+Differences are over real tokens. The first row over the tolerance is where the runtime parts from the
+reference; a runtime without hidden states is said to show its final output only (where a difference starts
+cannot be seen there).
 
 Tolerance by dtype: fp32 ``RUNTIME_ATOL["fp32"]`` = 1e-4 -- fused kernels sum in other orders than
 PyTorch (measured 2e-6 to 6e-6 from the reference on MiniLM and BERT-base; results page "runtime parity"),
-and a changed weight, a lost LayerNorm epsilon or an approximated GELU shows far above it; int8 by the
-cosine of the sentence vectors (mean of the last layer over real tokens), at least ``MIN_COSINE["int8"]``
-= 0.99, the hidden-state differences reported, not judged. An ONNX graph with quantised operators is
+and a changed weight, a lost LayerNorm epsilon or an approximated GELU shows far above it. int8: the
+hidden-state rows are judged at ``RUNTIME_ATOL["int8"]`` = 2.0 (a guard against a broken graph: int8's own
+drift reaches ~1.4 on MiniLM), the sentence vectors (mean of the last layer over real tokens) by their cosine,
+at least ``MIN_COSINE["int8"]`` = 0.99, and a task head by its decisions: the share of argmax labels that
+agree with fp32's, at least ``MIN_AGREEMENT["int8"]`` = 0.9. An ONNX graph with quantised operators is
 judged as int8 unless told otherwise; CTranslate2 runs in the compute type asked (``dtype="int8"``: int8).
-
-OpenVINO runs fp32 here (``INFERENCE_PRECISION_HINT`` f32): on CPUs with bf16 or AMX it otherwise infers in
-bf16 by default, which is 1e-2 away, not 1e-6. A second OpenVINO trap: ``ov.save_model`` stores the weights
-in fp16 unless ``compress_to_fp16=False`` -- 2e-3 from the reference at the embeddings already (measured on
-a tiny random model); the report names it when the IR holds fp16 constants.
+Every FAIL says which number failed and its bound (``ParityReport.reasons``).
 """
 
 from __future__ import annotations
@@ -27,192 +34,81 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.parity import DEFAULT_ATOL, MIN_COSINE, ParityReport, Row, make_batches
-from ..errors import InputError, MissingExtra
-from .export import (CT2_EXTRA, ONNX_EXTRA, ExportGraph, encoder_config, load_for_export, real_differences,
-                     reference_outputs, sentence_cosines)
-
-RUNTIMES = ("auto", "onnxruntime", "openvino", "ctranslate2")
-RUNTIME_ATOL = {"fp32": 1e-4, "int8": DEFAULT_ATOL["int8"]}
-#: ONNX operators that mean a quantised graph
-QUANTISED_OPS = ("DynamicQuantizeLinear", "MatMulInteger", "QuantizeLinear", "DequantizeLinear", "QLinearMatMul",
-                 "DynamicQuantizeMatMul", "QAttention", "MatMulIntegerToFloat", "MatMulNBits", "QEmbedLayerNormalization")
-#: what a runtime's ports are called in minibert's exports and in those of optimum and sentence-transformers
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-OUTPUT_NAMES = ("last_hidden_state", "pooler_output", "token_embeddings", "sentence_embedding", "logits",
-                "start_logits", "end_logits")
-#: the report's row for each output that is not a hidden state
-ROW_LABELS = {"pooler_output": "pooler", "sentence_embedding": "sentence", "logits": "logits", "start_logits": "start",
-              "end_logits": "end"}
-OPENVINO_EXTRA = "pip install -e \".[openvino]\" in the minibert checkout (or pip install openvino)"
-
-
-def detect(path) -> tuple[str, Path]:
-    """Which runtime reads ``path``, and the file (or folder) it opens: an ``.onnx`` file (or a folder with
-    ``model.onnx``) ONNX Runtime, an ``.xml`` OpenVINO IR (or a folder with ``model.xml``) OpenVINO, a folder
-    with CTranslate2's ``model.bin`` (and no PyTorch checkpoint) CTranslate2."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        if p.suffix == ".onnx":
-            return "onnxruntime", p
-        if p.suffix == ".xml":
-            return "openvino", p
-        raise InputError(f"{path}: not a runtime's model (an .onnx graph, an OpenVINO .xml, or a CTranslate2 folder)")
-    if p.is_dir():
-        if (p / "model.onnx").is_file():
-            return "onnxruntime", p / "model.onnx"
-        if (p / "model.xml").is_file():
-            return "openvino", p / "model.xml"
-        if (p / "model.bin").is_file() and not (p / "pytorch_model.bin").exists():
-            return "ctranslate2", p
-    raise InputError(f"{path}: no runtime's model there (an .onnx graph or a folder with model.onnx, an OpenVINO "
-                     ".xml or a folder with model.xml, a CTranslate2 folder with model.bin)")
-
-
-def is_runtime_model(path) -> bool:
-    try:
-        detect(path)
-    except InputError:
-        return False
-    return True
-
-
-class RuntimeModel:
-    """A deployed model, run on a batch of tokenizer output: ``run(batch) -> {output name: array}``."""
-
-    def __init__(self, path, runtime: str = "auto", dtype: str | None = None, threads: int | None = None):
-        if runtime not in RUNTIMES:
-            raise InputError(f"runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
-        kind, file = detect(path)
-        if runtime != "auto":
-            if runtime == "openvino" and kind == "onnxruntime":
-                kind = "openvino"  # OpenVINO reads ONNX too
-            elif runtime != kind:
-                raise InputError(f"{path} is a {kind} model; --runtime {runtime} cannot read it")
-        self.runtime, self.file = kind, file
-        self.name = f"{kind} {file}"
-        self.quantised = _onnx_quantised(file) if file.suffix == ".onnx" else dtype == "int8"
-        self.dtype = dtype or ("int8" if self.quantised else "fp32")
-        if self.dtype not in RUNTIME_ATOL:
-            raise InputError(f"dtype {self.dtype!r}: a runtime is judged as fp32 or int8")
-        self._run = {"onnxruntime": _ort, "openvino": _openvino, "ctranslate2": _ct2}[kind](file, self.dtype, threads)
-        if kind == "openvino" and file.suffix == ".xml" and _fp16_weights(file):
-            self.name += " (weights stored in fp16: ov.save_model's default; save with compress_to_fp16=False)"
-
-    def run(self, batch: dict) -> dict[str, np.ndarray]:
-        return self._run(batch)
-
-
-def _onnx_quantised(file: Path) -> bool:
-    try:
-        import onnx
-    except ImportError:
-        raise MissingExtra(f"reading an ONNX graph needs the onnx package: {ONNX_EXTRA}") from None
-    model = onnx.load(str(file), load_external_data=False)
-    return any(node.op_type in QUANTISED_OPS for node in model.graph.node)
-
-
-def _feed(batch: dict, names) -> dict:
-    missing = [n for n in names if n not in batch]
-    if missing:
-        raise InputError(f"the graph takes inputs {list(names)}; minibert's batches have {list(batch)} "
-                         f"(missing {missing})")
-    return {n: batch[n].numpy().astype(np.int64) for n in names}
-
-
-def _ort(file: Path, dtype: str, threads):
-    from .export import ort_session
-
-    session = ort_session(file, threads)
-    inputs = [i.name for i in session.get_inputs()]
-    outputs = [o.name for o in session.get_outputs()]
-    return lambda batch: dict(zip(outputs, session.run(None, _feed(batch, inputs))))
-
-
-def _openvino(file: Path, dtype: str, threads):
-    try:
-        import openvino as ov
-    except ImportError:
-        raise MissingExtra(f"running an OpenVINO model needs it: {OPENVINO_EXTRA}") from None
-    core = ov.Core()
-    config = {"INFERENCE_PRECISION_HINT": "f32"}  # not bf16, its default on CPUs with bf16 / AMX
-    if threads:
-        config["INFERENCE_NUM_THREADS"] = threads
-    compiled = core.compile_model(core.read_model(str(file)), "CPU", config)
-    inputs = [_port_name(i, INPUT_NAMES) for i in compiled.inputs]
-    outputs = [_port_name(o, OUTPUT_NAMES) for o in compiled.outputs]
-    request = compiled.create_infer_request()
-
-    def run(batch):
-        request.infer(_feed(batch, inputs))
-        return {name: request.get_output_tensor(i).data.copy() for i, name in enumerate(outputs)}
-    return run
-
-
-def _fp16_weights(file: Path) -> bool:
-    """Whether an OpenVINO IR keeps its weights in fp16 (``ov.save_model`` compresses them unless told not
-    to): such a model is ~1e-3 from fp32, which the report should explain rather than just show."""
-    import openvino as ov
-
-    model = ov.Core().read_model(str(file))
-    return any(op.get_type_name() == "Constant" and op.get_output_element_type(0) == ov.Type.f16
-               for op in model.get_ops())
-
-
-def _port_name(port, known) -> str:
-    """A port's name as the graph's author gave it (OpenVINO keeps several per port: the ONNX name among them)."""
-    names = port.get_names()
-    return next((n for n in known if n in names), None) or next((n for n in names if n.startswith("hidden_state_")),
-                                                                port.get_any_name())
-
-
-def _ct2(folder: Path, dtype: str, threads):
-    try:
-        import ctranslate2
-    except ImportError:
-        raise MissingExtra(f"running a CTranslate2 model needs it: {CT2_EXTRA}") from None
-    compute = "int8" if dtype == "int8" else "float32"
-    encoder = ctranslate2.Encoder(str(folder), device="cpu", compute_type=compute, intra_threads=threads or 0)
-
-    def run(batch):
-        lengths = batch["attention_mask"].sum(1).tolist()
-        if any(not bool(row[:n].all()) or bool(row[n:].any()) for row, n in zip(batch["attention_mask"], lengths)):
-            raise InputError("CTranslate2 takes each sequence's real tokens first (right padding); this batch "
-                             "has padding elsewhere")
-        ids = [row[:n].tolist() for row, n in zip(batch["input_ids"], lengths)]
-        types = [row[:n].tolist() for row, n in zip(batch["token_type_ids"], lengths)]
-        out = encoder.forward_batch(ids, token_type_ids=types)
-        T = batch["input_ids"].shape[1]
-        last = np.array(out.last_hidden_state)  # (B, longest, H)
-        got = {"last_hidden_state": np.pad(last, ((0, 0), (0, T - last.shape[1]), (0, 0)))}
-        if out.pooler_output is not None:
-            got["pooler_output"] = np.array(out.pooler_output)
-        return got
-    return run
-
+from ..analysis.parity import MIN_COSINE, ParityReport, Row, make_batches
+from ..errors import InputError
+from .deployed import (RUNTIME_ATOL, RUNTIMES, ROW_LABELS, RuntimeModel, detect,  # noqa: F401 (public here)
+                       is_runtime_model)
+from .export import (HEAD_OUTPUTS, VECTOR_OUTPUTS, ExportGraph, argmax_agreement, encoder_config, load_for_export,
+                     real_differences, reference_outputs, sentence_cosines)
 
 # ------------------------------------------------------------------------------------------ comparing
-def _layer(name: str, blocks: int) -> str | None:
+FINAL = "output (last layer)"  # the row of the deployed model's final state, always compared
+
+
+def _layer(name: str) -> str | None:
     if name.startswith("hidden_state_"):
         i = int(name.rsplit("_", 1)[1])
         return "embeddings" if i == 0 else f"block {i - 1}"
     return None
 
 
+def _hidden_count(names) -> int:
+    return sum(1 for n in names if n.startswith("hidden_state_"))
+
+
+def check_comparable(got: dict, want: dict, described: dict, record: dict | None, deployed: str, reference: str
+                     ) -> list[str]:
+    """Refuse (one line, naming what differs) a deployed model that is not the reference's: another geometry
+    (export.json's record of what was exported), another depth (the hidden states it outputs), a head the
+    other has not (logits without a head, a head dropped). Returns notes on what will not be compared."""
+    from ..analysis.parity import check_same_geometry
+
+    if record and isinstance(record.get("model_described"), dict):
+        theirs = record["model_described"]
+        check_same_geometry(described, theirs, reference, f"{deployed} (export.json)")
+        if theirs.get("head") != described["head"] or theirs.get("num_labels") != described["num_labels"]:
+            raise InputError(f"{reference} is {described['head'] or 'an encoder'}"
+                             + (f" with {described['num_labels']} labels" if described["head"] else "")
+                             + f", but {deployed} was exported from {theirs.get('head') or 'an encoder'}"
+                             + (f" with {theirs.get('num_labels')} labels" if theirs.get("head") else "")
+                             + ": not the same model")
+    layers = _hidden_count(got)
+    if layers and layers != described["num_hidden_layers"] + 1:
+        raise InputError(f"{deployed} outputs hidden states 0..{layers - 1} ({layers - 1} blocks); {reference} has "
+                         f"{described['num_hidden_layers']} blocks: not the same model (another depth)")
+    heads = [n for n in HEAD_OUTPUTS if n in want]
+    missing = [n for n in heads if n not in got]
+    if missing:
+        raise InputError(f"{reference} is a {described['head']}, but {deployed} has no {', '.join(missing)} output: "
+                         "its head was dropped (export the task model itself: minibert export onnx --model "
+                         "FINE_TUNED_FOLDER)")
+    extra = [n for n in HEAD_OUTPUTS if n in got and n not in want]
+    if extra:
+        raise InputError(f"{deployed} outputs {', '.join(extra)}, a task head {reference} (an encoder) does not "
+                         "have: compare it against the fine-tuned checkpoint it was exported from")
+    if not any(n in got for n in VECTOR_OUTPUTS) and not heads:
+        raise InputError(f"the runtime's outputs {sorted(got)} hold nothing to compare: it needs last_hidden_state, "
+                         "token_embeddings, sentence_embedding or the task head's outputs")
+    notes = []
+    if "pooler_output" in want and "pooler_output" not in got:
+        notes.append("the reference has a pooler the deployed model does not output: not compared")
+    if "pooler_output" in got and "pooler_output" not in want:
+        notes.append("the deployed model outputs a pooler, the reference has none: not compared"
+                     + (" (export.json: zeros, CTranslate2 always computes one)" if record and
+                        str(record.get("pooler_output", "")).startswith("zeros") else ""))
+    return notes
+
+
 def _rows_to_compare(got: dict, want: dict, blocks: int) -> list[tuple[str, str, str]]:
-    """(row label, runtime output, reference output) in layer order."""
-    rows = [(_layer(n, blocks), n, n) for n in want if _layer(n, blocks) and n in got]
-    if not rows:  # the final state only
-        final = next((n for n in ("last_hidden_state", "token_embeddings") if n in got), None)
-        if final is not None:
-            rows.append((f"block {blocks - 1} (last)", final, f"hidden_state_{blocks}"))
+    """(row label, runtime output, reference output) in layer order: every hidden state the runtime has, then
+    its final state whatever hidden states it also has, the pooler, the head's outputs, the sentence vector."""
+    rows = [(_layer(n), n, n) for n in want if _layer(n) and n in got]
+    final = next((n for n in ("last_hidden_state", "token_embeddings") if n in got), None)
+    if final is not None:
+        rows.append((FINAL, final, f"hidden_state_{blocks}"))
     for name, label in ROW_LABELS.items():
         if name in got and name in want:
             rows.append((label, name, name))
-    if not rows:
-        raise InputError(f"the runtime's outputs {sorted(got)} hold nothing to compare: it needs hidden_state_i, "
-                         "last_hidden_state, token_embeddings, pooler_output or the task head's outputs (export "
-                         "with minibert export onnx --hidden-states for a per-layer report)")
     return rows
 
 
@@ -220,37 +116,70 @@ def runtime_parity(model, against, *, runtime: str = "auto", dtype: str | None =
                    atol: float | None = None, min_cosine: float | None = None, tokenizer=None,
                    threads: int | None = None) -> ParityReport:
     """The per-layer report of a deployed model ``against`` (a path: see ``detect``) beside the reference
-    ``model`` (a path or a minibert model), on ``texts`` / ``pairs`` or minibert's varied parity set."""
+    ``model`` (a path or a minibert model), on ``texts`` / ``pairs`` or minibert's varied parity set, which
+    reaches the model's last position. A deployed model of another geometry, depth or head is refused
+    (``check_comparable``); the final output is compared whatever hidden states the runtime also has."""
     from ..tokenizer import BertTokenizer
+    from .export import describe_model, model_fingerprint, read_fingerprints
 
     deployed = RuntimeModel(against, runtime, dtype, threads)
     source = str(model) if isinstance(model, (str, Path)) else getattr(model, "source", None)
+    reads = read_fingerprints(model) if isinstance(model, (str, Path)) else {}
     if isinstance(model, (str, Path)):
         model, _ = load_for_export(model)
     if tokenizer is None:
         if source is None:
             raise InputError("no tokenizer: pass tokenizer= when the model is not a path")
-        tokenizer = BertTokenizer.from_pretrained(source)
+        tokenizer = BertTokenizer.from_pretrained(Path(source).parent if Path(source).is_file() else source)
     config = encoder_config(model)
-    limit = min(config.max_position_embeddings, getattr(tokenizer, "model_max_length", 512) or 512)
-    batches = make_batches(tokenizer, texts=texts, pairs=pairs, max_length=limit) if (texts or pairs) else \
-        make_batches(tokenizer, max_length=limit)
+    batches = make_batches(tokenizer, texts=texts, pairs=pairs) if (texts or pairs) else \
+        make_batches(tokenizer, max_length=config.max_position_embeddings)
     graph = ExportGraph(model, hidden_states=True)  # the reference: every output, every hidden state
     atol = RUNTIME_ATOL[deployed.dtype] if atol is None else float(atol)
-    need = MIN_COSINE.get(deployed.dtype) if min_cosine is None else float(min_cosine)
     training = graph.inner.training
     graph.eval()
     try:
-        return _compare(deployed, graph, batches, config.num_hidden_layers, atol, need, source or "minibert model")
+        report = _compare(deployed, graph, batches, describe_model(model), atol, source or "minibert model",
+                          min_cosine)
     finally:
         graph.inner.train(training)  # the model as it was given
+    report.positions = config.max_position_embeddings
+    weights = model_fingerprint(model)
+    report.fingerprints = {"reference": f"weights sha256 {weights[:16]}"
+                           + "".join(f", {Path(f).name} {h[:16]}" for f, h in reads.items())}
+    report.fingerprints["deployed"] = _deployed_fingerprint(deployed)
+    exported_from = (deployed.record or {}).get("weights_sha256")
+    if exported_from and exported_from != weights:
+        report.notes.append(f"the deployed model was exported from other weights (sha256 {exported_from[:16]}) than "
+                            f"the reference's ({weights[:16]}): the numbers above say whether they compute the same")
+    return report
 
 
-def _compare(deployed: RuntimeModel, graph, batches, blocks: int, atol: float, need, name: str) -> ParityReport:
+def _deployed_fingerprint(deployed: RuntimeModel) -> str:
+    from ..textfiles import file_sha256
+
+    file = deployed.file / "model.bin" if deployed.file.is_dir() else deployed.file
+    files = [file] + ([file.with_suffix(".bin")] if file.suffix == ".xml" and file.with_suffix(".bin").is_file()
+                      else [])
+    text = ", ".join(f"{f.name} sha256 {file_sha256(f)[:16]}" for f in files)
+    written = ((deployed.record or {}).get("written") or {}).get(file.name)
+    if written is not None:
+        text += " (as exported)" if written == file_sha256(file) else " (changed since export.json recorded it)"
+    return text
+
+
+def _compare(deployed: RuntimeModel, graph, batches, described: dict, atol: float, name: str,
+             min_cosine: float | None) -> ParityReport:
+    from ..analysis.parity import MIN_AGREEMENT, longest_input
+
+    blocks = described["num_hidden_layers"]
     stats: dict[str, list] = {}  # row -> [max, sum, count]
-    cosines, count, order = [], 0, []
-    for batch in batches:
+    cosines, count, order, notes = [], 0, [], []
+    agree = decisions = 0
+    for index, batch in enumerate(batches):
         want, got = reference_outputs(graph, batch), deployed.run(batch)
+        if index == 0:
+            notes = check_comparable(got, want, described, deployed.record, deployed.name, name)
         mask = batch["attention_mask"].numpy().astype(bool)
         count += mask.shape[0]
         for label, g, w in _rows_to_compare(got, want, blocks):
@@ -261,15 +190,29 @@ def _compare(deployed: RuntimeModel, graph, batches, blocks: int, atol: float, n
             top = float(diff.max()) if diff.size else 0.0
             entry[0] = float("nan") if np.isnan(diff).any() or entry[0] != entry[0] else max(entry[0], top)
             entry[1], entry[2] = entry[1] + float(diff.sum()), entry[2] + diff.size
+        for head in (n for n in HEAD_OUTPUTS if n in want):
+            a, n = argmax_agreement(head, got[head], want[head], mask)
+            agree, decisions = agree + a, decisions + n
         last_got = next((got[n] for n in (f"hidden_state_{blocks}", "last_hidden_state", "token_embeddings")
                          if n in got), None)
         if last_got is not None:
             cosines.append(sentence_cosines(np.asarray(last_got), want[f"hidden_state_{blocks}"], mask))
     every = np.concatenate(cosines) if cosines else np.zeros(0)
-    report = ParityReport(a=name, b=deployed.name, dtype=deployed.dtype, atol=atol, inputs=count,
+    if min_cosine is not None and not every.size:
+        raise InputError(f"--min-cosine {min_cosine:g}: {deployed.name} outputs no hidden state to make a sentence "
+                         "vector from (only a task head's outputs), so there is no cosine to judge; its head is "
+                         "judged by its decisions (argmax agreement)")
+    dtype = deployed.dtype
+    need = (MIN_COSINE.get(dtype) if every.size else None) if min_cosine is None else float(min_cosine)
+    report = ParityReport(a=name, b=deployed.name, dtype=dtype, atol=atol, inputs=count, longest=longest_input(batches),
                           cosine_min=float(every.min()) if every.size else None,
-                          cosine_mean=float(every.mean()) if every.size else None, min_cosine=need)
+                          cosine_mean=float(every.mean()) if every.size else None, min_cosine=need,
+                          agreement=agree / decisions if decisions else None,
+                          min_agreement=MIN_AGREEMENT.get(dtype) if decisions else None)
     report.rows = [Row(label, stats[label][0], stats[label][1] / max(stats[label][2], 1)) for label in order]
+    report.notes = notes
+    if not any(label.startswith("block") for label in order):
+        report.notes.append(f"{deployed.name} exposes its final output only: a difference there may start in any "
+                            f"block up to {blocks - 1}; export with minibert export onnx --hidden-states to see "
+                            "where it starts")
     return report
-
-

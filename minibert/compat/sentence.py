@@ -130,7 +130,7 @@ class SentenceEncoder:
         folder = path if path.is_dir() else path.parent
         modules_file = folder / "modules.json"
         if not modules_file.exists():
-            model = BertModel.from_pretrained(folder, dtype=dtype, device=device, mlm_head=False)
+            model = BertModel.from_pretrained(path, dtype=dtype, device=device, mlm_head=False)
             return cls(model, BertTokenizer.from_pretrained(folder), source=str(folder))
         modules = read_json(modules_file, list)
         for i, module in enumerate(modules):
@@ -158,7 +158,9 @@ class SentenceEncoder:
             if not (pooling_dir / "config.json").exists():
                 raise CheckpointError(f"{pooling_dir / 'config.json'} is missing (modules.json names a Pooling module)")
             pooling = read_pooling_config(pooling_dir / "config.json")
-        model = BertModel.from_pretrained(base, dtype=dtype, device=device, mlm_head=False)
+        # a .safetensors file named inside the folder is the weights read (the folder's other files beside it)
+        weights = path if path.is_file() else base
+        model = BertModel.from_pretrained(weights, dtype=dtype, device=device, mlm_head=False)
         tokenizer = BertTokenizer.from_pretrained(base)
         # sentence-transformers >= 5 writes max_seq_length as the tokenizer's model_max_length and
         # do_lower_case as a Lowercase step in front of tokenizer.json's normaliser; older versions write both
