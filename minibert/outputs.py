@@ -192,16 +192,22 @@ def note_written(path, command: str) -> None:
     write_text_atomic(folder / FILES_RECORD, json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
 
 
-def check_output_file(path, reads: Mapping[str, object], what: str, overwrite: bool = False) -> Path:
+def check_output_file(path, reads: Mapping[str, object], what: str, overwrite: bool = False,
+                      companion_of: Path | None = None) -> Path:
     """The one rule for a file a command writes, before any work: never a path the command reads (nor inside a
     model folder it reads), never an existing file minibert did not write (``written_by_minibert``) unless
-    ``overwrite``. Returns the path."""
+    ``overwrite``. ``companion_of``: the file the user named, when ``path`` is one written beside it (an
+    index's .json), which ``--overwrite`` never replaces unless minibert wrote it. Returns the path."""
     path = Path(path)
     check_not_reading(path, reads, what)
     if path.name == FILES_RECORD:
         raise InputError(f"{what} {str(path)!r}: {FILES_RECORD} is minibert's record of the files it wrote; choose "
                          "another name")
     if (path.exists() or path.is_symlink()) and not overwrite and written_by_minibert(path) is None:
+        if companion_of is not None:
+            raise InputError(f"{what} {str(companion_of)!r} is written with {str(path)!r} beside it, which exists and "
+                             "minibert did not write (or it changed since): --overwrite replaces the file you named, "
+                             "never a file beside it that is not minibert's; move it away, or choose another name")
         raise InputError(f"{what} {str(path)!r} exists and minibert did not write it (or it changed since): it is "
                          f"never replaced unasked; pass --overwrite to replace it, or choose another name")
     return path
@@ -248,7 +254,7 @@ def check_paths(run) -> list[Path]:
         for each in [path, *(path.with_name(path.name[:-len(path.suffix)] + c) for c in about.companions)]:
             # --overwrite replaces the file the user named; a file beside it (the index's .json) only if minibert
             # wrote it: a file it cannot account for, and the user did not name, is never deleted
-            check_output_file(each, reads, flag, overwrite and each == path)
+            check_output_file(each, reads, flag, overwrite and each == path, None if each == path else path)
             real = each.expanduser().resolve()
             if real in written:
                 raise InputError(f"{flag} {str(value)!r} and {written[real]} name the same file ({real}); give each "

@@ -175,6 +175,11 @@ def output_file(path, suffix: str, what: str, formats: Sequence[str] | None = No
     out = Path(path).expanduser()
     if formats is None:
         if out.suffix != suffix:
+            if out.suffix:  # another suffix kept and this one added: the file written is not the one named
+                import sys
+
+                print(f"minibert: note: {what} {str(path)!r} is written as {str(out.with_name(out.name + suffix))!r} "
+                      f"(a {suffix} file)", file=sys.stderr)
             out = out.with_name(out.name + suffix)
     else:
         if not out.suffix:

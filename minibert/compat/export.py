@@ -341,7 +341,7 @@ def finish_check(check: dict, name: str, dtype: str, warn) -> dict:
     if failed and dtype == "fp32":
         raise CheckpointError(f"{name} does not compute what the model computes ({'; '.join(failed)}): not exported")
     if failed and warn:
-        warn(f"minibert: warning: {name} ({dtype}) would FAIL minibert parity --against: {'; '.join(failed)}")
+        warnings.warn(f"{name} ({dtype}) would FAIL minibert parity --against: {'; '.join(failed)}", stacklevel=3)
     return check
 
 

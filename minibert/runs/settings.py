@@ -74,12 +74,18 @@ def recipe_epochs(recipe: Recipe, rows: int, batch_size: int) -> tuple[int, str]
     per_epoch = -(-rows // batch_size)  # the last batch may be short
     needed = -(-recipe.min_steps // per_epoch) if recipe.min_steps else 0
     epochs = min(max(recipe.epochs, needed), max(recipe.max_epochs, recipe.epochs))
-    why = f"{rows:,} rows at batch {batch_size}: {per_epoch:,} steps an epoch"
+    why = f"{rows:,} row{'s' if rows != 1 else ''} at batch {batch_size}: {_steps(per_epoch)} an epoch"
     if epochs == recipe.epochs:
         return epochs, why + (f"; {epochs} epochs reach its {recipe.min_steps:,} steps" if recipe.min_steps else "")
-    capped = " (its most)" if epochs < needed else ""
-    return epochs, why + (f"; {epochs} epochs{capped} rather than {recipe.epochs}, for at least "
+    if epochs < needed:  # capped: the most epochs it takes, still short of its steps
+        return epochs, why + (f"; {epochs} epochs (its most) rather than {recipe.epochs}: {_steps(epochs * per_epoch)} "
+                              f"in all, short of the {recipe.min_steps:,} its defaults were measured with")
+    return epochs, why + (f"; {epochs} epochs rather than {recipe.epochs}, for at least "
                           f"{recipe.min_steps:,} steps ({epochs * per_epoch:,})")
+
+
+def _steps(n: int) -> str:
+    return f"{n:,} step{'s' if n != 1 else ''}"
 
 
 #: every recipe's defaults, and what they measured: all-MiniLM-L6-v2, TREC-6 (the first 600, 1,200 and all 5,452

@@ -202,4 +202,10 @@ def read_task_data(task: str, train_path, eval_path, *, text_column: str = "text
         return TaskData(task, read_tagged(train_path, column=tag_column), read_tagged(eval_path, column=tag_column))
     regression = task == "regress"
     read = dict(text_column=text_column, label_column=label_column, pair_column=pair_column, regression=regression)
-    return TaskData(task, read_table(train_path, **read), read_table(eval_path, **read))
+    data = TaskData(task, read_table(train_path, **read), read_table(eval_path, **read))
+    if regression and len({float(y) for y in data.held.labels}) < 2:
+        shown = sorted({float(y) for y in data.held.labels})
+        raise InputError(f"--eval {eval_path}: {len(data.held.labels)} row(s), label(s) {shown}: regression is "
+                         "scored by the Pearson and Spearman correlations of predictions with the labels, which need "
+                         "at least two different labels; give a held-out file with varied scores")
+    return data

@@ -189,7 +189,19 @@ class History:
     def to_json(self, path) -> None:
         from ..textfiles import write_text_atomic
 
-        write_text_atomic(path, json.dumps(asdict(self), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(_finite(asdict(self)), indent=2, allow_nan=False) + "\n")
+
+
+def _finite(value):
+    """``value`` with every NaN or infinity as None (JSON's null): metrics.json stays valid JSON, which has no
+    NaN (a correlation over constant predictions is undefined)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def seed_everything(seed: int) -> None:

@@ -227,7 +227,7 @@ def test_finetune_says_which_defaults_it_chose(tmp_path, capsys):
     capsys.readouterr()
     assert main(_adapter_finetune(train, model, tmp_path / "a", "--epochs", "1")) == 0
     out = capsys.readouterr().out
-    assert f"recipe adapter: lr {RECIPES['adapter'].lr:g} (its defaults, measured: {RECIPES['adapter'].measured})" in out
+    assert f"recipe adapter: lr {RECIPES['adapter'].lr:g} (its defaults, measured on TREC-6 classification: {RECIPES['adapter'].measured})" in out
     assert "--batch-size: must be >= 1, got 0" in usage_error(capsys, "finetune", "--train", train, "--eval", train,
                                                               "--out", tmp_path / "b", "--batch-size", "0")
 
