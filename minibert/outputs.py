@@ -205,9 +205,9 @@ def check_output_file(path, reads: Mapping[str, object], what: str, overwrite: b
                          "another name")
     if (path.exists() or path.is_symlink()) and not overwrite and written_by_minibert(path) is None:
         if companion_of is not None:
-            raise InputError(f"{what} {str(companion_of)!r} is written with {str(path)!r} beside it, which exists and "
-                             "minibert did not write (or it changed since): --overwrite replaces the file you named, "
-                             "never a file beside it that is not minibert's; move it away, or choose another name")
+            raise InputError(f"{what} {str(companion_of)!r} is written with a file beside it, and {str(path)!r} exists "
+                             "and minibert did not write it (or it changed since): --overwrite replaces the file you "
+                             "named, never one beside it that is not minibert's; move it away, or choose another name")
         raise InputError(f"{what} {str(path)!r} exists and minibert did not write it (or it changed since): it is "
                          f"never replaced unasked; pass --overwrite to replace it, or choose another name")
     return path

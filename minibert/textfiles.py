@@ -175,11 +175,6 @@ def output_file(path, suffix: str, what: str, formats: Sequence[str] | None = No
     out = Path(path).expanduser()
     if formats is None:
         if out.suffix != suffix:
-            if out.suffix:  # another suffix kept and this one added: the file written is not the one named
-                import sys
-
-                print(f"minibert: note: {what} {str(path)!r} is written as {str(out.with_name(out.name + suffix))!r} "
-                      f"(a {suffix} file)", file=sys.stderr)
             out = out.with_name(out.name + suffix)
     else:
         if not out.suffix:
@@ -423,6 +418,11 @@ def atomic_dir(path, replaced=()):
     tmp = temporary_dir(f".{path.name}.{os.getpid()}.", path.parent)
     try:
         yield tmp
+        mode = 0o666 & ~_umask()  # the writers' files as open() makes them (safetensors' are 0600 otherwise)
+        for root, _, files in os.walk(tmp):
+            for name in files:
+                if not (Path(root) / name).is_symlink():
+                    os.chmod(Path(root) / name, mode)
         if path.is_dir():
             _carry_over(path, tmp, replaced)
         for root, _, files in os.walk(tmp):

@@ -81,9 +81,10 @@ def finetune(run: FinetuneRun) -> History:
             return finished_history(out_dir, folder.shown)
         if chosen and claimed.writer:
             measured = RECIPES[run.recipe].measured
-            where = (f"measured on TREC-6 classification: {measured}" if run.task == "classify" else
-                     f"measured on TREC-6 classification ({measured}), not on --task {run.task}")
-            log.info(f"recipe {run.recipe}: {', '.join(chosen)} (its defaults, {where}); --lr / --epochs choose others")
+            measured_on = (f"measured on TREC-6 classification: {measured}" if run.task == "classify" else
+                           f"measured on TREC-6 classification ({measured}), not on --task {run.task}")
+            log.info(f"recipe {run.recipe}: {', '.join(chosen)} (its defaults, {measured_on}); --lr / --epochs "
+                     "choose others")
         batches = data.batches(tokenizer, model.config.label2id, batch_size=batch_size, max_length=run.max_length,
                                seed=run.seed)
         evaluate = data.evaluator(tokenizer, max_length=run.max_length)

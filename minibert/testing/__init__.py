@@ -80,9 +80,12 @@ def assert_runtime_close(model, deployed, *, runtime: str = "auto", dtype: str |
                          tokenizer=None) -> ParityReport:
     """Assert that a deployed model (a path: an .onnx graph or a folder with model.onnx, an OpenVINO .xml, a
     CTranslate2 folder) agrees with ``model`` (a checkpoint path or a minibert model, run by minibert) within
-    the runtime's tolerance: fp32 every layer within ``atol`` (1e-4); int8 (a quantised graph, or ``dtype="int8"``)
-    sentence vectors at cosine >= ``min_cosine`` (0.99). The AssertionError carries the per-layer table; the
-    report is returned when they agree (``minibert.compat.runtimes``)."""
+    the runtime's tolerance: fp32 every layer within ``atol`` (1e-4), the final output always; int8 (a quantised
+    graph, or ``dtype="int8"``) sentence vectors at cosine >= ``min_cosine`` (0.99), a task head's argmax labels
+    agreeing at >= 0.9. The AssertionError carries the per-layer table and the numbers that failed; a deployed
+    model that is not the reference's (another geometry, depth or head, an unfinished export, a damaged file)
+    raises ``InputError`` naming what differs. The report is returned when they agree
+    (``minibert.compat.runtimes``)."""
     from ..compat.runtimes import runtime_parity
 
     report = runtime_parity(model, deployed, runtime=runtime, dtype=dtype, texts=texts, pairs=pairs, atol=atol,

@@ -157,6 +157,56 @@ def test_finetune_errors_are_one_line(encoder_dir, tmp_path, capsys):
         assert len(err) == 1 and message in err[0], err
 
 
+def test_regression_needs_two_different_held_out_labels(encoder_dir, tmp_path, capsys):
+    """A correlation of one row, or of one constant label, is undefined: refused in one line before training."""
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "".join(f"w{i} text,{i / 8}\n" for i in range(8)), encoding="utf-8")
+    for name, rows in (("one.csv", "a text,0.5\n"), ("flat.csv", "a text,1.0\nanother,1.0\nthird,1\n")):
+        (tmp_path / name).write_text("text,label\n" + rows, encoding="utf-8")
+        with pytest.raises(SystemExit) as e:
+            main(["finetune", "--task", "regress", "--train", str(train), "--eval", str(tmp_path / name), "--model",
+                  str(encoder_dir), "--out", str(tmp_path / name.replace(".csv", "")), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and "two different labels" in err[0], err
+        assert not (tmp_path / name.replace(".csv", "")).exists()
+
+
+def test_metrics_json_stays_valid_json_when_a_metric_is_undefined(tmp_path):
+    from minibert.training.loop import History
+
+    History(epochs=[{"metrics": {"pearson": float("nan"), "spearman": float("inf")}}], best_epoch=1,
+            best_metric=float("nan"), metric="pearson").to_json(tmp_path / "m.json")
+    data = json.loads((tmp_path / "m.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert data["best_metric"] is None and data["epochs"][0]["metrics"] == {"pearson": None, "spearman": None}
+
+
+def test_finetune_never_deletes_the_model_its_links_point_to(encoder_dir, tmp_path, capsys):
+    victim = tmp_path / "victim"
+    shutil.copytree(encoder_dir, victim)
+    (victim / ".minibert-run.json").write_text(json.dumps({"command": "finetune", "status": "finished",
+                                                           "files": sorted(p.name for p in victim.iterdir())}))
+    links = tmp_path / "links"
+    links.mkdir()
+    for item in victim.iterdir():
+        (links / item.name).symlink_to(item)
+    train = write_csv(tmp_path / "train.csv", toy_rows(8, 0))
+    before = sorted(p.name for p in victim.iterdir())
+    with pytest.raises(SystemExit) as e:
+        main(["finetune", "--train", str(train), "--eval", str(train), "--model", str(links), "--out", str(victim),
+              "--overwrite", "--quiet"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "a link in the folder --model reads points to" in err, err
+    assert sorted(p.name for p in victim.iterdir()) == before
+
+
+def test_the_recipe_schedule_reads_right_on_a_tiny_file():
+    from minibert.runs.settings import RECIPES, recipe_epochs
+
+    epochs, why = recipe_epochs(RECIPES["full"], 8, 16)
+    assert epochs == 30 and "8 rows at batch 16: 1 step an epoch" in why and "1 steps" not in why
+    assert "30 epochs (its most) rather than 3: 30 steps in all, short of the 600" in why
+
+
 # ------------------------------------------------------------------------------------- real data
 @pytest.fixture(scope="module")
 def real_data():
