@@ -84,21 +84,16 @@ def page(result: dict) -> str:
              "", f"CPU: {m['cpu']}; flags: {', '.join(m['flags']) or 'none of note'}; {m['threads']} threads; "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
              f"`{result['command']}`. Each cell: the largest absolute difference from minibert's readable fp32 model "
-             "over real tokens of minibert parity's built-in inputs (12 texts and pairs, padded together). A "
-             "runtime without hidden states is compared at the last layer only (\"(last)\"). fp32 passes within "
-             "1e-4 on every row; int8 is judged by the cosine of the sentence vectors (>= 0.99).", ""]
+             "over real tokens of minibert parity's built-in inputs (texts and pairs, padded together, up to the "
+             "model's last position). Every form is compared at its final output (\"output (last layer)\"); a "
+             "runtime without hidden states at that row alone. fp32 passes within 1e-4 on every row; int8 is judged "
+             "by the cosine of the sentence vectors (>= 0.99).", ""]
     for entry in result["models"]:
         reports = entry["reports"]
         labels = list(reports)
         layers = []
         for r in sorted(reports.values(), key=lambda r: -len(r["rows"])):  # the per-layer reports first
-            for row in r["rows"]:
-                if row["layer"] in layers:
-                    continue
-                if row["layer"].endswith(" (last)") and row["layer"][:-7] in layers:  # beside its block's row
-                    layers.insert(layers.index(row["layer"][:-7]) + 1, row["layer"])
-                else:
-                    layers.append(row["layer"])
+            layers += [row["layer"] for row in r["rows"] if row["layer"] not in layers]
         lines += [f"## {entry['name']}", "", "| layer | " + " | ".join(labels) + " |",
                   "|---|" + "---|" * len(labels)]
         for layer in layers:
@@ -107,7 +102,8 @@ def page(result: dict) -> str:
                 row = next((x for x in reports[label]["rows"] if x["layer"] == layer), None)
                 cells.append(f"{row['hidden_max']:.1e}" if row else "")
             lines.append(f"| {layer} | " + " | ".join(cells) + " |")
-        lines.append("| sentence cosine, min | " + " | ".join(f"{reports[k]['cosine_min']:.4f}" for k in labels) + " |")
+        lines.append("| sentence cosine, min | " + " | ".join(
+            f"{reports[k]['cosine_min']:.4f}" if reports[k]["cosine_min"] is not None else "-" for k in labels) + " |")
         lines.append("| judged as | " + " | ".join(reports[k]["dtype"] for k in labels) + " |")
         lines.append("| result | " + " | ".join(
             ("**PASS**" if reports[k]["ok"] else "FAIL" + (f" from {reports[k]['first_divergent']}"

@@ -242,10 +242,16 @@ def load_transformers(source: str, dtype: torch.dtype):
     import logging
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    where: dict = {"pretrained_model_name_or_path": path}
+    if path.is_file():  # the file named is the file read: its tensors, its folder's config
+        from safetensors.torch import load_file
+
+        where = {"pretrained_model_name_or_path": None, "state_dict": load_file(str(path)),
+                 "config": transformers.BertConfig.from_pretrained(path.parent)}
     try:
-        model = transformers.BertModel.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+        model = transformers.BertModel.from_pretrained(**where, dtype=dtype, attn_implementation="eager")
     except TypeError:  # transformers < 4.56 names it torch_dtype
-        model = transformers.BertModel.from_pretrained(path, torch_dtype=dtype, attn_implementation="eager")
+        model = transformers.BertModel.from_pretrained(**where, torch_dtype=dtype, attn_implementation="eager")
     if next(model.parameters()).dtype != dtype:  # an older release may have ignored the keyword
         model = model.to(dtype)
     return model.eval()

@@ -250,3 +250,16 @@ def test_the_reference_given_as_an_object_is_compared_with_its_fingerprint(tmp_p
         model.encoder.blocks[0].ffn.dense_out.bias[0] += 1.0
     report = runtime_parity(model, tmp_path / "g", tokenizer=BertTokenizer.from_pretrained(tiny_encoder_dir))
     assert not report.ok and report.first_divergent == "output (last layer)"
+
+
+def test_parity_against_transformers_reads_the_named_file_too(tmp_path, tiny_encoder_dir):
+    pytest.importorskip("transformers")
+    from minibert.analysis.parity import load_transformers
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_encoder_dir, folder)
+    pert = _with_other_weights(folder)
+    theirs = load_transformers(str(pert), torch.float32).state_dict()
+    ours = load_transformers(str(folder), torch.float32).state_dict()
+    key = next(k for k in theirs if k.endswith("layer.1.attention.self.query.bias"))
+    assert torch.allclose(theirs[key], ours[key] + 0.1)

@@ -46,6 +46,7 @@ MUTANTS = {
     "ct2-shallower": "a CTranslate2 folder of a 2-block cut, against the 4-block model",
     "ct2-truncated": "a CTranslate2 model.bin cut to half its bytes",
     "openvino-perturbed": "the perturbed graph run by OpenVINO",
+    "openvino-truncated": "an OpenVINO IR whose .bin is cut to half its bytes",
 }
 
 
@@ -189,6 +190,15 @@ def test_every_mutant_fails_or_is_refused(built, name, capsys, tiny_encoder_dir)
         pytest.importorskip("openvino")
         reference, deployed = mutants["perturbed-block"]
         extra = ["--runtime", "openvino"]
+    elif name == "openvino-truncated":
+        ov = pytest.importorskip("openvino")
+        ir = root / "ir"
+        ir.mkdir(exist_ok=True)
+        ov.save_model(ov.convert_model(str(root / "plain" / "model.onnx")), str(ir / "model.xml"),
+                      compress_to_fp16=False)
+        data = (ir / "model.bin").read_bytes()
+        (ir / "model.bin").write_bytes(data[:len(data) // 2])
+        reference, deployed, extra = tiny_encoder_dir, ir / "model.xml", []
     else:
         reference, deployed, *extra = mutants[name]
     done = cli_in_process(capsys, "parity", "--model", reference, "--against", deployed, *extra)

@@ -171,8 +171,9 @@ def test_row_2_a_search_index_never_replaces_what_is_not_its_own(model, tmp_path
         assert "minibert did not write it" in cli_error(capsys, "search", corpus, "good", "--model", model, "--index",
                                                         tmp_path / name)
     # --overwrite replaces the file named (settings.npy), never the user's settings.json beside it
-    assert "settings.json' exists and minibert did not write it" in cli_error(
-        capsys, "search", corpus, "good", "--model", model, "--index", tmp_path / "settings", "--overwrite")
+    line = cli_error(capsys, "search", corpus, "good", "--model", model, "--index", tmp_path / "settings", "--overwrite")
+    assert "settings.json' exists and minibert did not write it" in line
+    assert "--overwrite replaces the file you named, never one beside it" in line and "pass --overwrite" not in line
     corp = tmp_path / "corp.npy"  # a corpus whose name is the index's: never the index
     shutil.copy(corpus, corp)
     assert "which CORPUS reads" in cli_error(capsys, "search", corp, "good", "--model", model, "--index", corp)
