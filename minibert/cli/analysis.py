@@ -311,19 +311,27 @@ def fast_path_routes(config) -> str:
     from ..tools import kernels, plan as planning, varlen
 
     shapes = kernels.block_shapes(config.hidden_size, config.intermediate_size)
-    plan = planning.block_plan(config) if kernels.MKLDNN else dict.fromkeys(shapes, "linear")
-    record = planning.plan_record(config) or {}
     forced = kernels.forced_route()
-    how = (f"${kernels.OVERRIDE_ENV}" if forced else f"decided on the whole block, measured here, kept in "
-           f"{kernels.cache_file()}")
+    how = (f"${kernels.OVERRIDE_ENV}" if forced else f"decided on whole blocks per row bucket, measured here, kept "
+           f"in {kernels.cache_file()}")
     lines = [f"fast path fp32 routes on this CPU ({cpu_info()[0] or 'unknown'}, {torch.get_num_threads()} threads; "
              f"{how}):"]
-    alone = record.get("per_product") or {}
-    lines += [f"  {name:<17} {o} x {i}: {plan[name]}" + (f"  (alone: {alone[name]})" if name in alone else "")
-              for name, (o, i) in shapes.items()]
-    if record.get("relative_time") and not forced:
-        times = ", ".join(f"{name} {t:.3f}" for name, t in sorted(record["relative_time"].items(), key=lambda x: x[1]))
-        lines.append(f"  whole block, time relative to F.linear for every product: {times} -> {record.get('chosen')}")
+    for bucket, timed_on in planning.BUCKETS.items():
+        plan = planning.block_plan(config, bucket) if kernels.MKLDNN else dict.fromkeys(shapes, "linear")
+        record = planning.plan_record(config, bucket) or {}
+        rows = (f"at most {planning.SHORT_ROWS} real tokens" if bucket == "short" else
+                f"more than {planning.SHORT_ROWS} real tokens")
+        contexts = ", ".join(f"{B} x {T}" + (f" at {real:.0%} real" if real < 1 else "")
+                             for B, T, real in timed_on["contexts"])
+        lines.append(f"  {bucket} ({rows}; timed on {contexts}):")
+        alone = record.get("per_product") or {}
+        lines += [f"    {name:<17} {o} x {i}: {plan[name]}" + (f"  (alone: {alone[name]})" if name in alone else "")
+                  for name, (o, i) in shapes.items()]
+        if record.get("relative_time") and not forced:
+            times = ", ".join(f"{name} {t:.3f}" for name, t in sorted(record["relative_time"].items(),
+                                                                      key=lambda x: x[1]))
+            lines.append(f"    whole block, time relative to F.linear for every product: {times} -> "
+                         f"{record.get('chosen')}")
     d = config.head_size
     lines.append(f"attention: {varlen.attention_route('cpu', torch.float32, d)} on this CPU"
                  + (f" (${varlen.OVERRIDE_ENV})" if varlen.forced_route() else " (one call per sequence)"))

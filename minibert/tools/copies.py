@@ -15,7 +15,7 @@ from ..model import BertModel
 from ..quantize import Int8Linear
 from . import kernels
 from .blocks import FusedBlock, PackedInt8Linear
-from .plan import PRODUCTS, block_plan
+from .plan import BUCKETS, PRODUCTS, block_plans, bucket_of
 
 _DATA_PTR = torch.Tensor.data_ptr
 
@@ -53,12 +53,24 @@ class Copies:
         # attention's key/value slots (prefix-tuning fills them): a filled one also sends a call there
         self.kv_slots = [b.attn.kv for b in model.encoder.blocks]
         self.threads = torch.get_num_threads()  # the summation blocks found hold for this thread count
-        plan = dict.fromkeys(PRODUCTS, fp32_kernel)
+        plans = dict.fromkeys(BUCKETS, dict.fromkeys(PRODUCTS, fp32_kernel))
         if (fp32_kernel == "auto" and kernels.MKLDNN and model.device.type == "cpu" and model.dtype == torch.float32
                 and not isinstance(model.encoder.blocks[0].attn.query, Int8Linear)):
-            plan = block_plan(model.config)  # decided on the whole block, not product by product
+            plans = block_plans(model.config)  # decided on whole blocks, per row bucket, not product by product
+        made: list[tuple[dict, list]] = []  # one set of fused blocks per distinct plan
+        self.by_bucket = {}
         with torch.inference_mode():
-            self.blocks = [FusedBlock(b, model.config.hidden_act, plan) for b in model.encoder.blocks]
+            for bucket, plan in plans.items():
+                blocks = next((b for p, b in made if p == plan), None)
+                if blocks is None:
+                    blocks = [FusedBlock(b, model.config.hidden_act, plan) for b in model.encoder.blocks]
+                    made.append((plan, blocks))
+                self.by_bucket[bucket] = blocks
+        self.blocks = self.by_bucket["batch"]  # what a batch runs (Stepper, routes, the byte count)
+
+    def blocks_for(self, rows: int) -> list:
+        """The fused blocks a forward of ``rows`` real tokens runs: its row bucket's plan (``plan.bucket_of``)."""
+        return self.by_bucket[bucket_of(rows)]
 
     def stale(self, model: BertModel) -> bool:
         """A module or parameter replaced or added, an in-place edit (version counter), ``.to()`` (data
@@ -79,7 +91,8 @@ class Copies:
 
     def nbytes(self) -> int:
         total = 0
-        for block in self.blocks:
+        distinct = {id(blocks): blocks for blocks in self.by_bucket.values()}
+        for block in (b for blocks in distinct.values() for b in blocks):
             if isinstance(block.qkv, PackedInt8Linear):  # only the fused QKV is a copy (int8)
                 total += block.qkv.weight.numel()
                 continue

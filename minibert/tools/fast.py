@@ -79,18 +79,23 @@ NOISE_FACTOR = {"linear": 2, "blocked": 2, "onednn": 4}
 
 
 def noise_factor(model: BertModel, fp32_kernel: str = "auto") -> int:
-    """The bound (``NOISE_FACTOR``) of the routes ``model``'s fp32 fast path takes with ``fp32_kernel``."""
-    return max(NOISE_FACTOR[route] for name, route in routes(model, fp32_kernel).items() if name != "attention")
+    """The bound (``NOISE_FACTOR``) of the routes ``model``'s fp32 fast path takes with ``fp32_kernel``, for
+    any number of rows (the largest of every row bucket's plan)."""
+    return max(NOISE_FACTOR[route] for rows in (1, None) for name, route in routes(model, fp32_kernel, rows=rows).items()
+               if name != "attention")
 
 
-def routes(model: BertModel, fp32_kernel: str = "auto", attention: str = "auto") -> dict[str, str]:
+def routes(model: BertModel, fp32_kernel: str = "auto", attention: str = "auto", rows: int | None = None
+           ) -> dict[str, str]:
     """The route each of a block's products takes on the fast path with ``fp32_kernel`` (``"linear"``,
     ``"blocked"``, ``"onednn"``; int8 models: ``"int8"``), and the attention kernel (``"attention"``:
-    ``tools.varlen.ROUTES``), as ``minibert inspect`` and the benchmarks report them. Builds the fast
-    path's copies if they are not there yet (and measures what "auto" has not measured here yet)."""
+    ``tools.varlen.ROUTES``), as ``minibert inspect`` and the benchmarks report them, in a forward of
+    ``rows`` real tokens (None: a batch's; ``tools.plan.bucket_of``). Builds the fast path's copies if they
+    are not there yet (and measures what "auto" has not measured here yet)."""
     if fp32_kernel not in FP32_KERNELS:
         raise InputError(f"fp32_kernel={fp32_kernel!r}: use one of {FP32_KERNELS}")
-    block = copies_of(model, fp32_kernel).blocks[0]
+    copies = copies_of(model, fp32_kernel)
+    block = (copies.blocks if rows is None else copies.blocks_for(rows))[0]
     linears = {"qkv": block.qkv, "attention output": block.out, "ffn in": block.ffn_in, "ffn out": block.ffn_out}
     chosen = {name: "int8" if isinstance(linear, PackedInt8Linear) else linear.route for name, linear in linears.items()}
     return {**chosen, "attention": FastBert(model, attention=attention).attention_route()}
@@ -185,7 +190,7 @@ class FastBert:
         attention = self.attention_route()
 
         def forward(input_ids, token_type_ids, position_ids, attention_mask=attention_mask):
-            return _forward(model, packed.blocks, attention, input_ids, attention_mask, token_type_ids,
+            return _forward(model, packed, attention, input_ids, attention_mask, token_type_ids,
                             position_ids, num_blocks, skip_blocks, keep, packing, pooler)
         with torch.inference_mode(), TF32(self.tf32 and model.device.type == "cuda"):
             if self.graphs is not None:
@@ -262,7 +267,7 @@ def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "au
     return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, cuda_graphs=cuda_graphs)
 
 
-def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
+def _forward(model, copies, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
              skip_blocks, keep, packing=None, pooler=True):
     B, T = input_ids.shape
     if packing is None:
@@ -272,6 +277,7 @@ def _forward(model, blocks, attention, input_ids, attention_mask, token_type_ids
     else:
         ids, tts, pos = (t.reshape(-1)[packing.where] for t in (input_ids, token_type_ids, position_ids))
     x = embed(model.embeddings, ids, tts, pos)  # (N, H): the model's own embeddings
+    blocks = copies.blocks_for(x.shape[0])  # the plan of this many rows (a short input's, or the batches')
 
     last = _num_states(model.config, num_blocks) - 1
     kept = {0: x} if keep and 0 in keep else {}  # the packed (N, H) states asked for, by index

@@ -415,7 +415,7 @@ def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_pat
 
     block_times = {"linear": 1.0, "blocked": 1.1, "onednn": 0.97, "per product": 0.8}
 
-    def fake_time_plans(config, candidates):
+    def fake_time_plans(config, candidates, **timed_on):
         timed.append(dict(candidates))
         return {name: block_times[name] for name in candidates}
     monkeypatch.setattr(kernels, "calibrate", fake_calibrate)
@@ -428,7 +428,7 @@ def test_auto_takes_the_route_this_cpu_runs_fastest(minilm, monkeypatch, tmp_pat
         expected = dict.fromkeys(expected, "linear")
     assert {k: v for k, v in fastmod.routes(model).items() if k != "attention"} == expected
     assert len(measured) == (4 if kernels.MKLDNN else 0)  # once per shape, not per block
-    assert len(timed) == (1 if kernels.MKLDNN else 0)  # one whole-block decision per geometry
+    assert len(timed) == (len(plan.BUCKETS) if kernels.MKLDNN else 0)  # one whole-block decision per row bucket
     if kernels.MKLDNN:
         assert timed[0]["linear"] == every["linear"] and (timed[0].get("per product") or expected) == expected
     saved = json.loads((tmp_path / "fp32_kernels.json").read_text())
@@ -584,3 +584,56 @@ def test_a_host_packing_leaves_the_forward_nothing_to_read_back(minilm, monkeypa
         run(batch["input_ids"][:2], batch["attention_mask"][:2], packing=packing)
     dense = fastmod.host_packing(model, batch["input_ids"][:1, :4])  # no mask: dense, on the model's device
     assert dense.dense and dense.cu_seqlens.device == model.device
+
+
+def test_the_route_follows_the_rows(minilm, monkeypatch, tmp_path):
+    """Issue 72: the plan is decided per row bucket, each timed on the forwards it serves, and a forward takes
+    its rows' plan. Stand-in timings of the AMD EPYC Zen 3 case: F.linear (MKL) fastest on batches, the slowest
+    route at 16 rows."""
+    from minibert.tools import kernels
+
+    if not kernels.MKLDNN:
+        pytest.skip("no oneDNN in this torch build: every product takes F.linear")
+    model, tok = minilm
+    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(kernels.OVERRIDE_ENV, raising=False)
+    monkeypatch.setattr(plan, "_PLANS", {})
+    timed = []
+
+    def zen3(config, candidates, rounds=3, contexts=plan.PLAN_CONTEXTS, blocks=1):
+        timed.append((contexts, blocks))
+        short = max(T * B for B, T, _ in contexts) <= plan.SHORT_ROWS
+        times = ({"linear": 1.0, "blocked": 0.9, "onednn": 0.62, "per product": 0.64} if short else
+                 {"linear": 1.0, "blocked": 1.2, "onednn": 1.22, "per product": 1.2})
+        return {name: times[name] for name in candidates}
+    monkeypatch.setattr(plan, "time_plans", zen3)
+    fastmod.release(model)
+    short, batch = fastmod.routes(model, rows=16), fastmod.routes(model)
+    assert {v for k, v in short.items() if k != "attention"} == {"onednn"}
+    assert {v for k, v in batch.items() if k != "attention"} == {"linear"}
+    assert fastmod.routes(model, rows=plan.SHORT_ROWS) == short and fastmod.routes(model, rows=plan.SHORT_ROWS + 1) == batch
+    # each bucket timed on what it serves: one short input through a chain of blocks; the batches as before
+    assert sorted(timed, key=str) == sorted([(plan.BUCKETS["short"]["contexts"], plan.BUCKETS["short"]["blocks"]),
+                                             (plan.PLAN_CONTEXTS, 1)], key=str)
+    ran = []
+    original = copies.Copies.blocks_for
+    monkeypatch.setattr(copies.Copies, "blocks_for", lambda self, rows: ran.append(
+        original(self, rows)[0].qkv.route) or original(self, rows))
+    one = dict(tok(["Where is the bank?"], return_tensors="pt"))
+    many = dict(tok(SENTENCES * 4, padding=True, return_tensors="pt"))
+    assert int(many["attention_mask"].sum()) > plan.SHORT_ROWS
+    for b, route in ((one, "onednn"), (many, "linear")):  # each within the fast path's bound of the readable path
+        ran.clear()
+        slow, fast = both(model, b)
+        assert ran == [route]
+        assert compare(slow, fast, b["attention_mask"]) <= noise_factor(model) * fp32_noise_floor(model, b)
+    assert noise_factor(model) == fastmod.NOISE_FACTOR["onednn"]  # the bound holds for every bucket's plan
+    saved = json.loads((tmp_path / "fp32_kernels.json").read_text())[kernels.machine_key()]
+    keys = [plan.plan_key(model.config, b) for b in plan.BUCKETS]
+    assert all(saved[k]["bucket"] == b for k, b in zip(keys, plan.BUCKETS))
+    # another process reads both plans and times nothing
+    monkeypatch.setattr(plan, "_PLANS", {})
+    timed.clear()
+    fastmod.release(model)
+    assert fastmod.routes(model, rows=16) == short and timed == []
+    fastmod.release(model)
