@@ -9,8 +9,9 @@ Every runner is timed in the same alternating rounds in one process, each with t
 (``--threads``, default 2); a figure is the median over rounds of the paired ratio to transformers' fp32
 ``BertModel`` (sdpa), and the milliseconds of the median round. Beside the times: each runner's largest
 difference from transformers at real tokens (fp32 noise is ~1e-6; int8 is judged by the cosine of
-mean-pooled sentence vectors). The goals of issue 62 are time / ORT's optimised fp32 graph: 1 x 16 <= 0.9,
-dense <= 0.9, padded <= 0.5.
+mean-pooled sentence vectors). The goals of issue 72 are time / ORT's optimised fp32 graph: 1 x 16 <= 1.0,
+dense <= 1.0, padded <= 0.5 (issue 62 asked 0.9 of the first two); the page says the plan the fast path took
+for each row bucket (``tools.plan``).
 
     pip install -c constraints.txt -e ".[test,bench]"
     python benchmarks/bench_cpu_peers.py --name cpu_peers_epyc-zen4     # ~10 minutes on 2 cores
@@ -48,8 +49,8 @@ from minibert.tools import fast  # noqa: E402
 from minibert.tools import timing as harness  # noqa: E402
 
 #: (name, B, T, real-token fraction, goal for our fast path's time / ORT's optimised fp32)
-BATCHES = [("1 x 16", 1, 16, 1.0, 0.9), ("dense 8 x 128", 8, 128, 1.0, 0.9), ("padded 16 x 128", 16, 128, 0.38, 0.5)]
-DRY_BATCHES = [("1 x 16", 1, 16, 1.0, 0.9), ("padded 4 x 32", 4, 32, 0.5, 0.5)]
+BATCHES = [("1 x 16", 1, 16, 1.0, 1.0), ("dense 8 x 128", 8, 128, 1.0, 1.0), ("padded 16 x 128", 16, 128, 0.38, 0.5)]
+DRY_BATCHES = [("1 x 16", 1, 16, 1.0, 1.0), ("padded 4 x 32", 4, 32, 0.5, 0.5)]
 BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 TINY = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -192,11 +193,14 @@ def build_runners(folder: Path, config, threads: int, work: Path, spinning: bool
                "transformers eager": transformers_runner(folder, "eager"),
                "minibert fast": minibert_runner(folder, "fp32"), "minibert int8": minibert_runner(folder, "int8")}
     missing, notes = {}, {}
+    model = BertModel.from_pretrained(folder).eval()
+    notes["plan"] = {f"{bucket} ({rows} rows)": {k: v for k, v in fast.routes(model, rows=rows).items()}
+                     for bucket, rows in (("short", 16), ("batch", None))}  # the fast path's plan per row bucket
     try:
         onnx_path = export_onnx(folder, work)
     except ImportError as e:
         missing["ONNX export"] = f"not installed ({e.name})"
-        return runners, {"missing": missing}
+        return runners, {"missing": missing, **notes}
     for label, build in (("ORT", lambda: ort_runners(onnx_path, config, threads, spinning=spinning)),
                          ("OpenVINO", lambda: {"OpenVINO fp32": openvino_runner(onnx_path, threads)})):
         try:
@@ -342,18 +346,50 @@ def end_to_end(folder: Path, work: Path, config, threads: int, texts: list[str],
             out.append(v / np.linalg.norm(v, axis=1, keepdims=True))
         return np.concatenate(out)
 
+    def ort_sorted():
+        """The strongest ORT pipeline a user runs: batches of similar lengths (sorted, as sentence-transformers'
+        ONNX backend and our encoder do), padded to each batch's longest, vectors put back in order."""
+        lengths = [len(ids) for ids in fast_tok(texts, truncation=True, max_length=256)["input_ids"]]
+        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+        out = np.empty((len(texts), config.hidden_size), dtype=np.float32)
+        for i in range(0, len(order), 32):
+            chunk = order[i:i + 32]
+            b = fast_tok([texts[j] for j in chunk], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            states = ort_model({"input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
+                                "token_type_ids": b["token_type_ids"]})
+            m = b["attention_mask"].numpy()[..., None]
+            v = (states * m).sum(1) / m.sum(1)
+            out[chunk] = v / np.linalg.norm(v, axis=1, keepdims=True)
+        return out
+
+    int8 = SentenceEncoder.from_pretrained(folder, dtype="int8")
     fns = {"minibert": lambda: ours.encode(texts, batch_size=32, normalize_embeddings=True),
+           "minibert int8": lambda: int8.encode(texts, batch_size=32, normalize_embeddings=True),
            "ORT + Rust tokenizer": ort_pipeline,
+           "ORT length-sorted + Rust tokenizer": ort_sorted,
            "sentence-transformers": lambda: theirs.encode(texts, batch_size=32, normalize_embeddings=True)}
+    notes = {}
+    try:  # sentence-transformers' ONNX backend: it sorts by length too; offline it needs a graph in the folder
+        st_onnx = SentenceTransformer(str(folder), device="cpu", local_files_only=True, backend="onnx")
+        fns["sentence-transformers onnx"] = lambda: st_onnx.encode(texts, batch_size=32, normalize_embeddings=True)
+    except Exception as e:  # noqa: BLE001 -- optimum missing, no graph and no hub: said on the page
+        notes["sentence-transformers onnx"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     times = harness.alternate(fns, rounds, warmup=1, rotate=True, gap=GAP)
     want = fns["minibert"]()
-    row = {"texts": len(texts), "texts_per_second": {}, "largest_difference": {}}
+    row = {"texts": len(texts), "texts_per_second": {}, "largest_difference": {}, "not_run": notes}
     for name, fn in fns.items():
+        got = np.asarray(fn())
         row["texts_per_second"][name] = round(len(texts) / min(times[name]), 1)
-        row["largest_difference"][name] = float(np.abs(np.asarray(fn()) - want).max())
-    row["over_ort"] = round(row["texts_per_second"]["minibert"] / row["texts_per_second"]["ORT + Rust tokenizer"], 3)
+        row["largest_difference"][name] = float(np.abs(got - want).max())
+        if name == "minibert int8":
+            row["int8_cosine_min"] = round(float((got * want).sum(1).min()), 4)  # unit vectors
+    ort = {k: v for k, v in row["texts_per_second"].items() if k.startswith("ORT") or k.endswith(" onnx")}
+    row["strongest_ort"] = max(ort, key=ort.get)
+    row["over_ort"] = round(row["texts_per_second"]["minibert"] / ort[row["strongest_ort"]], 3)
+    row["int8_over_ort"] = round(row["texts_per_second"]["minibert int8"] / ort[row["strongest_ort"]], 3)
     print("end to end: " + ", ".join(f"{k} {v} texts/s" for k, v in row["texts_per_second"].items())
-          + f"; minibert / ORT {row['over_ort']:.2f}x (goal >= 1.5)", flush=True)
+          + f"; minibert / {row['strongest_ort']} {row['over_ort']:.2f}x (goal >= 1.1), int8 {row['int8_over_ort']:.2f}x "
+          f"at cosine {row['int8_cosine_min']:.4f} (goal >= 1.5 at >= 0.99)", flush=True)
     return row
 
 
@@ -389,7 +425,7 @@ def page(result: dict) -> str:
              "last batch. CTranslate2 is timed in a process of its own, against transformers there: once it "
              "has run, every torch operator in its process is slower for good (its own copy of libgomp; on the "
              "Zen 4 a LayerNorm call went 6.5 -> 45 us), which would charge its cost to the runners after it. "
-             "The last column is issue 62's measure: our fast path's time / ORT's "
+             "The last column is issue 72's measure: our fast path's time / ORT's "
              "optimised fp32 graph, beside its goal. Where one is missed, why is on the profile page "
              "(`benchmarks/bench_profile.py`: one query's time by operator beside ORT's, and the goal beside our "
              "products alone) and in the fast-path how-to.", ""]
@@ -405,6 +441,10 @@ def page(result: dict) -> str:
             f"{model['rows'][-1]['runners'][n]['largest_difference']:.1e}, cos {model['rows'][-1]['runners'][n]['cosine_min']:.4f}"
             for n in names) + " | |")
         notes = model["notes"]
+        if notes.get("plan"):
+            lines += ["", "The fast path's fp32 plan here (qkv, attention output, ffn in, ffn out; attention), per row "
+                      "bucket (`tools.plan`): " + "; ".join(f"{bucket}: " + ", ".join(routes.values())
+                                                            for bucket, routes in notes["plan"].items()) + "."]
         if notes.get("ORT fusions"):
             lines += ["", "ORT's optimiser fused: " + ", ".join(f"{k} {v}" for k, v in notes["ORT fusions"].items()) + "."]
         if notes.get("missing"):
@@ -417,8 +457,12 @@ def page(result: dict) -> str:
                   "32), texts per second (best of 3): " + ", ".join(
                       f"{k} **{v}** (largest difference from ours {e2e['largest_difference'][k]:.1e})"
                       for k, v in e2e["texts_per_second"].items())
-                  + f"; ours / ORT's pipeline **{e2e['over_ort']:.2f}x** (goal >= 1.5). fastembed is not in it: it "
-                  "downloads its models from the hub, which these machines cannot reach.", ""]
+                  + f"; ours / the strongest ORT pipeline ({e2e.get('strongest_ort', 'ORT + Rust tokenizer')}) "
+                  f"**{e2e['over_ort']:.2f}x** (issue 72's goal >= 1.1)"
+                  + (f"; our int8 **{e2e['int8_over_ort']:.2f}x** at sentence-vector cosine {e2e['int8_cosine_min']:.4f} "
+                     "to our fp32 (goal >= 1.5 at >= 0.99)" if "int8_over_ort" in e2e else "")
+                  + ". fastembed is not in it: it downloads its models from the hub, which these machines cannot reach."
+                  + "".join(f" Not run: {k} ({v})." for k, v in e2e.get("not_run", {}).items()), ""]
     elif e2e:
         lines += ["## End to end", "", f"Not measured: {e2e}.", ""]
     return "\n".join(lines)
