@@ -53,10 +53,15 @@ def test_a_named_safetensors_file_is_the_file_read(tmp_path, tiny_encoder_dir):
     assert any("exported from other weights" in note for note in report.notes)
 
 
-def test_a_named_file_in_a_sentence_transformers_folder(tmp_path, minilm_dir):
+def test_a_named_file_in_a_sentence_transformers_folder(tmp_path, tiny_encoder_dir):
+    from minibert.compat import SentenceEncoder
+
     folder = tmp_path / "st"
-    shutil.copytree(minilm_dir, folder)
+    shutil.copytree(tiny_encoder_dir, folder)
+    SentenceEncoder(BertModel.from_pretrained(folder), BertTokenizer.from_pretrained(folder)).save_settings(folder)
     pert = _with_other_weights(folder, by=0.5)
+    assert SentenceEncoder.from_pretrained(pert).model.encoder.blocks[1].attn.query.bias[0] != \
+        SentenceEncoder.from_pretrained(folder).model.encoder.blocks[1].attn.query.bias[0]
     graph = to_onnx(folder, tmp_path / "g", say=None).folder  # the original
     done = runtime_parity(pert, graph)
     assert not done.ok and "pert.safetensors" in done.fingerprints["reference"]
