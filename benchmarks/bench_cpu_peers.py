@@ -536,6 +536,9 @@ def main(argv=None) -> int:
             del runners
             merge_ct2(rows, measure_ct2(folder, where, args, rounds), notes)
             result["models"].append({"name": name, "rows": rows, "notes": notes})
+        if not args.dry:  # the per-batch figures on disk before the corpus (a long run stopped there keeps them)
+            result["seconds"] = time.time() - start
+            write_results(Path(args.out), args.name, result, page(result))
         result["end_to_end"] = corpus_row(work, args)
     result["seconds"] = time.time() - start
     name = args.name + ("_dry" if args.dry and args.name == "cpu_peers" else "")

@@ -617,7 +617,7 @@ def to_ct2(source, out, *, quantization: str | None = None, overwrite: bool = Fa
             for item in converted.iterdir():
                 shutil.move(str(item), folder.path / item.name)
         copy_tokenizer(tokenizer_source, folder.path)
-        graph = ExportGraph(model, hidden_states=False)
+        graph = ExportGraph(encoder, hidden_states=False)  # what CTranslate2 computes: the encoder's states
         graph.eval()
         batches = check_batches(BertTokenizer_of(tokenizer_source), config)
         deployed = RuntimeModel(folder.path, dtype=dtype, unfinished_ok=True)

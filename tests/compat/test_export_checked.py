@@ -268,3 +268,15 @@ def test_parity_against_transformers_reads_the_named_file_too(tmp_path, tiny_enc
     ours = load_transformers(str(folder), torch.float32).state_dict()
     key = next(k for k in theirs if k.endswith("layer.1.attention.self.query.bias"))
     assert torch.allclose(theirs[key], ours[key] + 0.1)
+
+
+def test_ct2_of_a_sentence_transformers_folder_is_checked_on_its_encoder(tmp_path, tiny_encoder_dir, ct2):
+    from minibert.compat import SentenceEncoder
+
+    folder = tmp_path / "st"
+    shutil.copytree(tiny_encoder_dir, folder)
+    SentenceEncoder(BertModel.from_pretrained(folder), BertTokenizer.from_pretrained(folder)).save_settings(folder)
+    out = export.to_ct2(folder, tmp_path / "c", say=None)
+    check = json.loads((out / "export.json").read_text())["checks"]["model.bin"]
+    assert check["parity"] == "pass" and set(check["per_output"]) == {"last_hidden_state", "pooler_output"}
+    assert runtime_parity(folder, out).ok
