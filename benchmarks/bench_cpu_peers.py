@@ -194,8 +194,8 @@ def build_runners(folder: Path, config, threads: int, work: Path, spinning: bool
                "minibert fast": minibert_runner(folder, "fp32"), "minibert int8": minibert_runner(folder, "int8")}
     missing, notes = {}, {}
     model = BertModel.from_pretrained(folder).eval()
-    notes["plan"] = {f"{bucket} ({rows} rows)": {k: v for k, v in fast.routes(model, rows=rows).items()}
-                     for bucket, rows in (("short", 16), ("batch", None))}  # the fast path's plan per row bucket
+    notes["plan"] = {label: fast.routes(model, rows=rows)  # the fast path's plan per row bucket (tools.plan)
+                     for label, rows in (("one short input (16 rows)", 16), ("batches", None))}
     try:
         onnx_path = export_onnx(folder, work)
     except ImportError as e:
