@@ -55,9 +55,11 @@ assert set(DEFAULT_ATOL) == {*SHORT_DTYPES, *QUANTISED_DTYPES}  # every dtype na
 #: int8 is judged by what its users compare, the sentence vectors: mean-pooled last layer, cosine to fp32's
 MIN_COSINE = {"int8": 0.99}
 #: a task head in int8 is judged by its decisions: the share of argmax labels (per input; per real token for a
-#: tagger; start and end for extractive QA) that agree with fp32's. 0.9: ORT's dynamic int8 of a fine-tuned
-#: MiniLM classifier agrees on 13-14 of the 14 built-in inputs (results page runtime parity); a head that
-#: computes something else agrees at chance
+#: tagger; start and end for extractive QA) that agree with fp32's. 0.9 is a judgement, not a measured
+#: optimum: a deployment that changes one decision in ten does not compute what the reference computes, and a
+#: head that computes something else agrees at chance. Measured (AMD EPYC Zen 3, onnxruntime 1.32): all-MiniLM-L6-v2
+#: with an untrained 6-label head (N(0, 0.02)) through ORT's dynamic int8 agrees on 0.75 of parity's 16 built-in
+#: inputs at a largest logit difference of 0.013 -- its logits are nearly tied, so int8's drift flips them: FAIL
 MIN_AGREEMENT = {"int8": 0.9}
 
 
