@@ -575,6 +575,9 @@ def to_ct2(source, out, *, quantization: str | None = None, overwrite: bool = Fa
         import transformers  # noqa: F401 -- CTranslate2's converter loads the checkpoint with it
     except ImportError as e:
         raise MissingExtra(f"converting to CTranslate2 needs {e.name}: {CT2_EXTRA}") from None
+    if quantization is not None and not str(quantization).startswith("int8"):
+        raise InputError(f"quantization={quantization!r}: the export is checked against the model as fp32 (None) or "
+                         "int8 (\"int8\", \"int8_float32\", ...), the forms minibert parity judges")
     if not isinstance(source, (str, Path)):
         raise InputError(f"to_ct2 converts a checkpoint path, got {type(source).__name__}: save the model "
                          "(model.save_pretrained(dir)) and convert that folder")
