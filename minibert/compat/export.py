@@ -284,9 +284,9 @@ def check_graph(path: Path, graph: ExportGraph, batches: list[dict], references:
     every output, per output, and the lowest cosine of the sentence vectors. ``references``: the model's
     outputs on the batches (``reference_outputs``), when already computed for another graph."""
     session = ort_session(path)
-    run = lambda batch: dict(zip([o.name for o in session.get_outputs()],  # noqa: E731
-                                 session.run(None, {n: batch[n].numpy() for n in INPUTS})))
-    return check_outputs(run, graph, batches, references)
+    names = [o.name for o in session.get_outputs()]
+    return check_outputs(lambda batch: dict(zip(names, session.run(None, {n: batch[n].numpy() for n in INPUTS}))),
+                         graph, batches, references)
 
 
 def check_outputs(run, graph: ExportGraph, batches: list[dict], references: list[dict] | None = None,
@@ -578,54 +578,25 @@ def to_ct2(source, out, *, quantization: str | None = None, overwrite: bool = Fa
     if quantization is not None and not str(quantization).startswith("int8"):
         raise InputError(f"quantization={quantization!r}: the export is checked against the model as fp32 (None) or "
                          "int8 (\"int8\", \"int8_float32\", ...), the forms minibert parity judges")
-    if not isinstance(source, (str, Path)):
-        raise InputError(f"to_ct2 converts a checkpoint path, got {type(source).__name__}: save the model "
-                         "(model.save_pretrained(dir)) and convert that folder")
-    from ..loading import read_config
-
-    placement = read_config(source).norm_placement
-    if placement != "post":
-        raise InputError(f"{source} is a {placement} model: CTranslate2's BERT is post-LN only (it loads "
-                         "checkpoints through transformers, whose BertModel is post-LN)")
-    model, tokenizer_source = load_for_export(source)  # strict: refuses a config that does not fit the weights
-    head = head_of(model)
-    if head is not None:
-        raise InputError(f"{source} is a {head}: CTranslate2's Encoder carries the encoder only, so its head would "
-                         "be dropped; export it with minibert export onnx (the graph carries the head), or convert "
-                         "the encoder alone (save model.bert with save_pretrained and convert that)")
+    model, encoder, tokenizer_source = _ct2_encoder(source)
     config = encoder_config(model)
-    encoder = getattr(_module(model), "bert", _module(model))
     folder = RunFolder(out, command="export", reads={"--model": str(source)}, overwrite=overwrite, resumable=False)
     settings = {"format": "ct2", "model": str(source), "quantization": quantization}
-    dtype = "int8" if quantization and quantization.startswith("int8") else "fp32"
+    dtype = "int8" if quantization else "fp32"
     with folder.claim(settings):
         folder.will_write("model.bin", "config.json", "vocabulary.json", "vocabulary.txt", "shared_vocabulary.json",
                           "shared_vocabulary.txt", RECORD, WORK, *TOKENIZER_FILES)
         with _work_under(folder.path) as work:
-            copy = work / "checkpoint"  # only what is converted: the encoder minibert loaded, and its config
-            copy.mkdir()
-            config.to_json_file(copy / "config.json")
-            data = json.loads((copy / "config.json").read_text())
-            data.setdefault("position_embedding_type", "absolute")  # read by the converter; gone from transformers 5
-            (copy / "config.json").write_text(json.dumps(data, indent=2))
-            _write_encoder_weights(encoder, copy)
-            converted = work / "ct2"
-            try:
-                with _quiet_transformers():
-                    ctranslate2.converters.TransformersConverter(str(copy)).convert(str(converted),
-                                                                                    quantization=quantization)
-            except Exception as e:  # the converter's own failure, said in one line rather than its traceback
-                raise CheckpointError(f"CTranslate2's converter (ctranslate2 {ctranslate2.__version__}) could not "
-                                      f"convert {source}: {type(e).__name__}: {e}") from None
-            for item in converted.iterdir():
+            for item in _convert_ct2(encoder, work, quantization, source).iterdir():
                 shutil.move(str(item), folder.path / item.name)
         copy_tokenizer(tokenizer_source, folder.path)
         graph = ExportGraph(encoder, hidden_states=False)  # what CTranslate2 computes: the encoder's states
         graph.eval()
-        batches = check_batches(BertTokenizer_of(tokenizer_source), config)
+        tokenizer, _ = _tokenizer_of(model, tokenizer_source, None)
         deployed = RuntimeModel(folder.path, dtype=dtype, unfinished_ok=True)
         compared = ["last_hidden_state"] + (["pooler_output"] if encoder.pooler is not None else [])
-        check = finish_check(check_outputs(deployed.run, graph, batches, compared=compared), "model.bin", dtype, say)
+        check = finish_check(check_outputs(deployed.run, graph, check_batches(tokenizer, config), compared=compared),
+                             "model.bin", dtype, say)
         checks = {"model.bin": check}
         record = {**settings, "inputs": list(INPUTS), "outputs": ["last_hidden_state", "pooler_output"],
                   "pooler_output": "the model's" if encoder.pooler is not None else
@@ -642,10 +613,47 @@ def to_ct2(source, out, *, quantization: str | None = None, overwrite: bool = Fa
     return folder.path
 
 
-def BertTokenizer_of(source):  # noqa: N802 -- the tokenizer of a checkpoint source
-    from ..tokenizer import BertTokenizer
+def _ct2_encoder(source):
+    """(the model minibert loads from ``source``, its encoder, its tokenizer's source) -- or the refusal of what
+    CTranslate2's BERT cannot carry: a model object, a pre-LN or DeepNorm model, a task head."""
+    from ..loading import read_config
 
-    return BertTokenizer.from_pretrained(source)
+    if not isinstance(source, (str, Path)):
+        raise InputError(f"to_ct2 converts a checkpoint path, got {type(source).__name__}: save the model "
+                         "(model.save_pretrained(dir)) and convert that folder")
+    placement = read_config(source).norm_placement
+    if placement != "post":
+        raise InputError(f"{source} is a {placement} model: CTranslate2's BERT is post-LN only (it loads "
+                         "checkpoints through transformers, whose BertModel is post-LN)")
+    model, tokenizer_source = load_for_export(source)  # strict: refuses a config that does not fit the weights
+    head = head_of(model)
+    if head is not None:
+        raise InputError(f"{source} is a {head}: CTranslate2's Encoder carries the encoder only, so its head would "
+                         "be dropped; export it with minibert export onnx (the graph carries the head), or convert "
+                         "the encoder alone (save model.bert with save_pretrained and convert that)")
+    return model, getattr(_module(model), "bert", _module(model)), tokenizer_source
+
+
+def _convert_ct2(encoder, work: Path, quantization: str | None, source) -> Path:
+    """CTranslate2's converter run on ``encoder`` as minibert loaded it (``work/checkpoint``: its config, with the
+    ``position_embedding_type`` the converter reads, and its weights); the converted folder, ``work/ct2``."""
+    import ctranslate2
+
+    copy = work / "checkpoint"
+    copy.mkdir()
+    encoder.config.to_json_file(copy / "config.json")
+    data = json.loads((copy / "config.json").read_text())
+    data.setdefault("position_embedding_type", "absolute")  # read by the converter; gone from transformers 5
+    (copy / "config.json").write_text(json.dumps(data, indent=2))
+    _write_encoder_weights(encoder, copy)
+    converted = work / "ct2"
+    try:
+        with _quiet_transformers():
+            ctranslate2.converters.TransformersConverter(str(copy)).convert(str(converted), quantization=quantization)
+    except Exception as e:  # the converter's own failure, said in one line rather than its traceback
+        raise CheckpointError(f"CTranslate2's converter (ctranslate2 {ctranslate2.__version__}) could not convert "
+                              f"{source}: {type(e).__name__}: {e}") from None
+    return converted
 
 
 def _write_encoder_weights(encoder, folder: Path) -> None:
