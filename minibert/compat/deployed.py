@@ -71,8 +71,7 @@ def export_record(file: Path) -> dict | None:
     """The ``export.json`` minibert wrote beside a deployed model (its folder's), or None. An export that
     did not finish -- its run record not "finished": killed, stopped, still running -- is refused: its files
     may be whole, but no check of them ever completed."""
-    import json
-
+    from ..config import read_json_object
     from ..outputs import RECORD_FILE, describe, read_record
 
     folder = file if file.is_dir() else file.parent
@@ -82,13 +81,7 @@ def export_record(file: Path) -> dict | None:
         raise CheckpointError(f"{folder} holds {held.replace('a `minibert export` run', 'an export')}, which never "
                               f"finished ({RECORD_FILE} status {run.get('status')!r}): its files were never checked; "
                               "export again (minibert export ... --overwrite replaces it)")
-    if not (folder / RECORD).is_file():
-        return None
-    try:
-        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise CheckpointError(f"{folder / RECORD} is not valid JSON ({e})") from None
-    return record if isinstance(record, dict) else None
+    return read_json_object(folder / RECORD) if (folder / RECORD).is_file() else None
 
 
 class RuntimeModel:
