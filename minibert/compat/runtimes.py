@@ -161,10 +161,11 @@ def _deployed_fingerprint(deployed: RuntimeModel) -> str:
     file = deployed.file / "model.bin" if deployed.file.is_dir() else deployed.file
     files = [file] + ([file.with_suffix(".bin")] if file.suffix == ".xml" and file.with_suffix(".bin").is_file()
                       else [])
-    text = ", ".join(f"{f.name} sha256 {file_sha256(f)[:16]}" for f in files)
+    hashes = {f: file_sha256(f) for f in files}  # each file read once: a BERT-base graph is 440 MB
+    text = ", ".join(f"{f.name} sha256 {h[:16]}" for f, h in hashes.items())
     written = ((deployed.record or {}).get("written") or {}).get(file.name)
     if written is not None:
-        text += " (as exported)" if written == file_sha256(file) else " (changed since export.json recorded it)"
+        text += " (as exported)" if written == hashes[file] else " (changed since export.json recorded it)"
     return text
 
 
