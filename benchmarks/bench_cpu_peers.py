@@ -11,7 +11,9 @@ Every runner is timed in the same alternating rounds in one process, each with t
 difference from transformers at real tokens (fp32 noise is ~1e-6; int8 is judged by the cosine of
 mean-pooled sentence vectors). The goals of issue 72 are time / ORT's optimised fp32 graph: 1 x 16 <= 1.0,
 dense <= 1.0, padded <= 0.5 (issue 62 asked 0.9 of the first two); the page says the plan the fast path took
-for each row bucket (``tools.plan``).
+for each row bucket (``tools.plan``), and times the fast path with its compiled forward for one short input
+(``fast.prepare(model, compile=True)``, ``tools.compiled``: compiled once per machine and weights, a minute
+or two a model, kept under ``$MINIBERT_CACHE``; not in a dry run).
 
     pip install -c constraints.txt -e ".[test,bench]"
     python benchmarks/bench_cpu_peers.py --name cpu_peers_epyc-zen4     # ~10 minutes on 2 cores
@@ -82,12 +84,15 @@ def transformers_runner(folder: Path, attn: str):
     return run
 
 
-def minibert_runner(folder: Path, dtype: str):
+def minibert_runner(folder: Path, dtype: str, compile: bool = False):
     model = BertModel.from_pretrained(folder, dtype=None if dtype == "fp32" else dtype).eval()
-    runner = fast.prepare(model)
+    runner = fast.prepare(model, compile=compile)
+    if compile and runner.compiled is None:
+        return None
 
     def run(b):  # the last hidden state only, as the ONNX graph computes (its pooler is pruned)
         return runner(**b, output_hidden_states=False, pooler=False).last_hidden_state.numpy()
+    run.prepared = runner
     return run
 
 
@@ -186,13 +191,23 @@ def ct2_runners(folder: Path, work: Path, threads: int) -> dict:
     return runners
 
 
-def build_runners(folder: Path, config, threads: int, work: Path, spinning: bool = True) -> tuple[dict, dict]:
+def build_runners(folder: Path, config, threads: int, work: Path, spinning: bool = True,
+                  compile: bool = True) -> tuple[dict, dict]:
     """Every runner that can be built here but CTranslate2's (``measure_ct2``: a process of its own), and
-    what was left out (name -> why)."""
+    what was left out (name -> why). ``compile``: the fast path with its compiled forward for one short
+    input too (``fast.prepare(model, compile=True)``; it serves the 1 x 16 batch, the batches run the fast path)."""
     runners = {"transformers sdpa": transformers_runner(folder, "sdpa"),
                "transformers eager": transformers_runner(folder, "eager"),
                "minibert fast": minibert_runner(folder, "fp32"), "minibert int8": minibert_runner(folder, "int8")}
     missing, notes = {}, {}
+    if compile:
+        start = time.perf_counter()
+        runner = minibert_runner(folder, "fp32", compile=True)
+        if runner is None:
+            missing["minibert compiled"] = "not built or nowhere faster here (the log says which)"
+        else:
+            runners["minibert compiled"] = runner
+            notes["compiled"] = {"prepare_s": round(time.perf_counter() - start, 1), **runner.prepared.compiled.entry}
     model = BertModel.from_pretrained(folder).eval()
     notes["plan"] = {label: fast.routes(model, rows=rows)  # the fast path's plan per row bucket (tools.plan)
                      for label, rows in (("one short input (16 rows)", 16), ("batches", None))}
@@ -251,9 +266,12 @@ def measure(runners: dict, batches: list, rounds: int, gap: float = GAP) -> list
         ort = row["runners"].get("ORT fp32")
         if ort:
             row["fast_over_ort"] = round(harness.paired_ratio(times, "minibert fast", "ORT fp32"), 3)
+            if "minibert compiled" in runners:
+                row["compiled_over_ort"] = round(harness.paired_ratio(times, "minibert compiled", "ORT fp32"), 3)
         rows.append(row)
         print(f"{name}: " + ", ".join(f"{k} {v['ratio']:.3f}" for k, v in row["runners"].items())
-              + (f"; fast / ORT {row['fast_over_ort']:.3f} (goal <= {goal})" if ort else ""), flush=True)
+              + (f"; fast / ORT {row['fast_over_ort']:.3f} (goal <= {goal})" if ort else "")
+              + (f", compiled / ORT {row['compiled_over_ort']:.3f}" if "compiled_over_ort" in row else ""), flush=True)
     return rows
 
 
@@ -436,6 +454,8 @@ def page(result: dict) -> str:
         for row in model["rows"]:
             cells = [f"{row['runners'][n]['ratio']:.3f} ({row['runners'][n]['ms']:.2f} ms)" for n in names]
             over = (f"**{row['fast_over_ort']:.2f}** (<= {row['goal']})" if "fast_over_ort" in row else "no ORT")
+            if "compiled_over_ort" in row:
+                over += f"; compiled **{row['compiled_over_ort']:.2f}**"
             lines.append(f"| {row['batch']} | " + " | ".join(cells) + f" | {over} |")
         lines.append("| largest difference (last batch) | " + " | ".join(
             f"{model['rows'][-1]['runners'][n]['largest_difference']:.1e}, cos {model['rows'][-1]['runners'][n]['cosine_min']:.4f}"
@@ -445,6 +465,15 @@ def page(result: dict) -> str:
             lines += ["", "The fast path's fp32 plan here (qkv, attention output, ffn in, ffn out; attention), per row "
                       "bucket (`tools.plan`): " + "; ".join(f"{bucket}: " + ", ".join(routes.values())
                                                             for bucket, routes in notes["plan"].items()) + "."]
+        if notes.get("compiled"):
+            c = notes["compiled"]
+            lines += ["", "`minibert compiled`: the fast path prepared with `compile=True` (`tools.compiled`: the readable "
+                      "model compiled ahead of time by AOTInductor for one input of 2..64 real tokens, taken only where "
+                      f"it measured faster than the fast path) -- prepared in {c['prepare_s']:.0f} s here"
+                      + (f" (compiled in {c['compile_s']} s; its time / the fast path's at "
+                         + ", ".join(f"{k} tokens {v}" for k, v in c["ratio_to_fast"].items())
+                         + f": it serves 2..{c['up_to']} real tokens, every other call runs the fast path)"
+                         if "compile_s" in c else "") + "."]
         if notes.get("ORT fusions"):
             lines += ["", "ORT's optimiser fused: " + ", ".join(f"{k} {v}" for k, v in notes["ORT fusions"].items()) + "."]
         if notes.get("missing"):
@@ -493,6 +522,8 @@ def main(argv=None) -> int:
     p.add_argument("--gap", type=float, default=None,
                    help=f"seconds of sleep before each runner's turn, so the one before has let go of the cores "
                         f"(default {GAP}; --dry 0.005; 0 times them back to back, sharing the cores)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="leave out the fast path's compiled forward (a dry run always does: compiling takes a minute)")
     p.add_argument("--no-ort-spinning", action="store_true",
                    help="ORT's idle threads sleep at once (its default is to spin a while)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder of the results files")
@@ -530,7 +561,8 @@ def main(argv=None) -> int:
             config = BertConfig.from_json_file(folder / "config.json")
             where = work / name.split()[0]
             where.mkdir()
-            runners, notes = build_runners(folder, config, args.threads, where, spinning=not args.no_ort_spinning)
+            runners, notes = build_runners(folder, config, args.threads, where, spinning=not args.no_ort_spinning,
+                                           compile=not args.dry and not args.no_compile)
             print(f"{name}: {', '.join(runners)}" + (f" (left out: {notes['missing']})" if notes["missing"] else ""))
             rows = measure(runners, DRY_BATCHES if args.dry else BATCHES, rounds, args.gap)
             del runners

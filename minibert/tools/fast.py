@@ -59,7 +59,7 @@ from ..errors import InputError
 from ..checks import check_index
 from ..inputs import check_blocks, check_inputs
 from ..model import BertModel, BertOutput
-from . import kernels, varlen
+from . import compiled as compiling, kernels, varlen
 from .blocks import PackedInt8Linear, Workspace, embed
 from .copies import cached_bytes, copies_of, release
 from .graphs import TF32, GraphCache
@@ -116,10 +116,14 @@ class FastBert:
     shape on first sight (``tools.graphs.GraphCache``): one launch instead of hundreds, what a small batch's
     latency is made of; padded batches (an ``attention_mask`` given) run as usual. The 8 most recently used
     shapes are kept; traffic of many lengths declares the shapes worth a graph instead,
-    ``cuda_graphs=[(1, 16), (1, 32)]``, and every other shape runs as usual."""
+    ``cuda_graphs=[(1, 16), (1, 32)]``, and every other shape runs as usual.
+    ``compile=True`` (an fp32 model on a CPU): one input of a few real tokens runs the model compiled ahead of
+    time for this CPU where that measures faster (``tools.compiled``: built once per machine and weights,
+    about a minute, kept under ``$MINIBERT_CACHE``; here, before the first query); ``compiled`` is it, or None
+    where it could not be built or is nowhere faster (the log says why)."""
 
     def __init__(self, model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-                 cuda_graphs=False):
+                 cuda_graphs=False, compile: bool = False):
         if not isinstance(model, BertModel):
             raise TypeError(f"fast.prepare takes a minibert BertModel, got {type(model).__name__}")
         if fp32_kernel not in FP32_KERNELS:
@@ -132,10 +136,24 @@ class FastBert:
         self.attention = varlen.check_route(attention)
         self.tf32 = tf32
         self.graphs = None if cuda_graphs is False else GraphCache(shapes=shapes)
+        self.compiled = None
+        if not isinstance(compile, bool):
+            raise InputError(f"compile={compile!r}: pass True (compile one short input's forward) or False")
+        if compile:
+            if fp32_kernel in kernels.EXACT_ROUTES:
+                raise InputError(f"compile=True sums the products in the compiled kernels' own order; "
+                                 f"fp32_kernel={fp32_kernel!r} asks for F.linear's numbers: use fp32_kernel='auto' "
+                                 "or 'onednn' with compile=True, or compile=False")
+            self.compiled = compiling.compiled_for(model, copies_of(model, fp32_kernel), self._fast_forward)
+
+    def _fast_forward(self, input_ids, token_type_ids, position_ids):
+        """One input's hidden states on the fast path itself: what the compiled forward is timed against."""
+        return self(input_ids, token_type_ids=token_type_ids, position_ids=position_ids, pooler=False).hidden_states
 
     def __repr__(self) -> str:
         return (f"FastBert({getattr(self.model, 'source', 'model')}, fp32_kernel={self.fp32_kernel!r}, "
-                f"attention={self.attention!r}, tf32={self.tf32}, cuda_graphs={self.graphs is not None})")
+                f"attention={self.attention!r}, tf32={self.tf32}, cuda_graphs={self.graphs is not None}, "
+                f"compiled={self.compiled!r})")
 
     def attention_route(self) -> str:
         """The attention kernel this model's forward takes here (``varlen.attention_route`` for "auto")."""
@@ -188,6 +206,14 @@ class FastBert:
                                  f"{tuple(input_ids.shape)} (make it with fast.host_packing of this batch)")
             attention_mask = None if packing.dense else attention_mask
         attention = self.attention_route()
+        if (self.compiled is not None and attention_mask is None and input_ids.shape[0] == 1
+                and num_blocks in (None, model.config.num_hidden_layers) and not skip_blocks
+                and self.compiled.serves(input_ids.shape[1])):
+            if not self.compiled.stale(packed):
+                return self._run_compiled(input_ids, token_type_ids, position_ids, keep, pooler)
+            compiling.say_once("fast path: the weights changed since they were compiled in; the compiled "
+                               "forward is dropped (fast.prepare(model, compile=True) compiles them again)")
+            self.compiled = None
 
         def forward(input_ids, token_type_ids, position_ids, attention_mask=attention_mask):
             return _forward(model, packed, attention, input_ids, attention_mask, token_type_ids,
@@ -201,6 +227,17 @@ class FastBert:
                     return self.graphs.run(packed, key, forward, (input_ids, token_type_ids, position_ids),
                                            model.device)
             return forward(input_ids, token_type_ids, position_ids)
+
+
+    def _run_compiled(self, input_ids, token_type_ids, position_ids, keep, pooler) -> BertOutput:
+        """One input of real tokens through the compiled forward (``tools.compiled``), the pooler as the model's."""
+        model = self.model
+        with torch.inference_mode():
+            states = self.compiled(input_ids, token_type_ids, position_ids)  # every hidden state, (1, T, H) each
+            last_state = states[-1]
+            pooled = model.pooler(last_state) if model.pooler is not None and pooler else None
+        hidden_states = None if keep is None else tuple(t if i in keep else None for i, t in enumerate(states))
+        return BertOutput(last_hidden_state=last_state, pooler_output=pooled, hidden_states=hidden_states)
 
 
 def _num_states(config, num_blocks) -> int:
@@ -256,15 +293,16 @@ def _graph_shapes(cuda_graphs):
 
 
 def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "auto", tf32: bool = False,
-            cuda_graphs=False) -> FastBert:
+            cuda_graphs=False, compile: bool = False) -> FastBert:
     """The fast path for ``model``: ``fast = prepare(model); out = fast(**batch)``. Cheap to call again:
     the weight copies are made on first use and shared by every FastBert of the same model and options.
     ``fp32_kernel``: ``"auto"`` (each product on the route measured fastest on this CPU, see
     ``tools/kernels.py``), ``"linear"`` (F.linear, no weight copies but the fused QKV), ``"blocked"``
     (oneDNN in F.linear's summation order where this CPU has one, else F.linear) or ``"onednn"``
     (oneDNN's own order) -- see the module docstring.
-    ``attention``, ``tf32`` and ``cuda_graphs``: see ``FastBert``."""
-    return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, cuda_graphs=cuda_graphs)
+    ``attention``, ``tf32``, ``cuda_graphs`` and ``compile``: see ``FastBert``."""
+    return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, cuda_graphs=cuda_graphs,
+                    compile=compile)
 
 
 def _forward(model, copies, attention, input_ids, attention_mask, token_type_ids, position_ids, num_blocks,
