@@ -121,9 +121,10 @@ def _example(model: BertModel, rows: int):
 
 def build(model: BertModel, path: Path) -> None:
     """Export ``model`` for one sequence of ``MIN_ROWS``..``MAX_ROWS`` tokens and compile it into ``path``."""
-    length = torch.export.Dim("T", min=MIN_ROWS, max=min(MAX_ROWS, model.config.max_position_embeddings))
+    longest = min(MAX_ROWS, model.config.max_position_embeddings)
+    length = torch.export.Dim("T", min=MIN_ROWS, max=longest)
     with torch.no_grad():
-        program = torch.export.export(_Encoder(model), _example(model, HINT_ROWS),
+        program = torch.export.export(_Encoder(model), _example(model, min(HINT_ROWS, longest)),
                                       dynamic_shapes=({1: length}, {1: length}, {1: length}), strict=False)
         torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(INDUCTOR))
 
@@ -233,6 +234,11 @@ def compiled_for(model: BertModel, copies, fast_forward) -> Compiled | None:
 
     try:
         entry = measured.measure_once(record, machine, key, usable, measure)
+        ratios = ", ".join(f"{r} at {rows}" for rows, r in entry["ratio_to_fast"].items())
+        if entry["up_to"] == 0:
+            say_once(f"fast path: the compiled forward is nowhere faster than the fast path here (time ratio "
+                     f"{ratios}); the fast path runs as it is")
+            return None
         runner = made.get("runner") or load(folder / entry["file"])
     except Exception as error:  # export or compilation failed: the fast path as it is
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
@@ -240,11 +246,6 @@ def compiled_for(model: BertModel, copies, fast_forward) -> Compiled | None:
                  "the fast path runs as it is")
         return None
     compiled = Compiled(model, runner, entry, folder / entry["file"], copies)
-    ratios = ", ".join(f"{r} at {rows}" for rows, r in entry["ratio_to_fast"].items())
-    if compiled.up_to == 0:
-        say_once(f"fast path: the compiled forward is nowhere faster than the fast path here (time ratio {ratios}); "
-                 "the fast path runs as it is")
-        return None
     log.info("fast path: compiled forward %s (compiled in %s s; time / the fast path's: %s): it serves one input "
              "of %d..%d real tokens", compiled.path, entry["compile_s"], ratios, MIN_ROWS, compiled.up_to)
     return compiled

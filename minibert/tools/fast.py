@@ -30,6 +30,10 @@ It computes what ``model.py`` computes -- tests hold the two together within 2x 
    big per-block buffers (QKV and FFN inner) reused by every block of a forward pass (``tools/blocks.py``:
    the fused block).
 
+5. **One short input compiled** (``prepare(model, compile=True)``, ``tools/compiled.py``): one input of a few
+   real tokens runs the readable model compiled ahead of time for this CPU (AOTInductor; one C++ call, no
+   Python between operators) where that measured faster than the above, built once per machine and weights.
+
 An int8 model (``dtype="int8"``, ``minibert.quantize``) runs its own quantised weights here, Q, K and V
 fused by rows (activations are quantised per token, so packing does not change their quantisation).
 
@@ -228,7 +232,6 @@ class FastBert:
                                            model.device)
             return forward(input_ids, token_type_ids, position_ids)
 
-
     def _run_compiled(self, input_ids, token_type_ids, position_ids, keep, pooler) -> BertOutput:
         """One input of real tokens through the compiled forward (``tools.compiled``), the pooler as the model's."""
         model = self.model
@@ -300,7 +303,8 @@ def prepare(model: BertModel, *, fp32_kernel: str = "auto", attention: str = "au
     ``tools/kernels.py``), ``"linear"`` (F.linear, no weight copies but the fused QKV), ``"blocked"``
     (oneDNN in F.linear's summation order where this CPU has one, else F.linear) or ``"onednn"``
     (oneDNN's own order) -- see the module docstring.
-    ``attention``, ``tf32``, ``cuda_graphs`` and ``compile``: see ``FastBert``."""
+    ``attention``, ``tf32``, ``cuda_graphs`` and ``compile``: see ``FastBert`` (``compile=True`` loads or builds
+    the compiled forward on every call: keep the FastBert it returns)."""
     return FastBert(model, fp32_kernel=fp32_kernel, attention=attention, tf32=tf32, cuda_graphs=cuda_graphs,
                     compile=compile)
 
