@@ -13,8 +13,8 @@ one C++ call a forward, no Python between operators, bias, residual and GELU fus
 Kept only where it measures faster: after compiling, the compiled forward and the fast path's own are timed
 side by side on one input of each of ``TIMED_LENGTHS`` real tokens, and the compiled one serves the lengths
 up to the longest where it was faster (by more than ``MARGIN``) at that length and every shorter one timed;
-any other call runs the fast path as before (a batch, padding, hidden states other than the last, early
-exit, hooks, attention maps).
+any other call runs the fast path as before (a batch, padding, a longer input, early exit, skipped blocks,
+hooks, attention maps). It returns every hidden state; the pooler runs as the model's.
 
 The artefact (a ``.pt2`` package) is built once per machine and weights and kept under ``$MINIBERT_CACHE``
 (``compiled/``; ``measured.cache_dir``), written to a temporary name and renamed into place, with its record
@@ -23,8 +23,8 @@ weights and configuration it froze (``weights_fingerprint``: a changed checkpoin
 never served by a stale artefact), the artefact's sha256 (a damaged file is built again), the compile time
 and the times measured. Compiling takes about a minute for all-MiniLM-L6-v2 on 2 cores, said in the log
 (INFO); ``prepare(model, compile=True)`` does it, or loads what is kept, before the first query. The weights
-are frozen in: a weight edited in place, replaced or moved after preparing sends every call to the fast path
-(said once), until ``prepare(model, compile=True)`` is called again.
+are frozen in: a weight edited in place, replaced or moved after preparing (or another torch thread count)
+sends every call to the fast path (said once), until ``prepare(model, compile=True)`` is called again.
 
 It sums in its own order (fp32 rounding apart from ``F.linear``), so it is held to the fast path's bound on
 oneDNN's own order (``fast.NOISE_FACTOR["onednn"]``), and ``compile=True`` refuses the exact routes
