@@ -22,7 +22,7 @@ in ``compiled.json``: the machine key (CPU model and flags, threads, torch versi
 weights and configuration it froze (``weights_fingerprint``: a changed checkpoint has another key, so it is
 never served by a stale artefact), the artefact's sha256 (a damaged file is built again), the compile time
 and the times measured. Compiling takes about a minute for all-MiniLM-L6-v2 on 2 cores, said in the log
-(INFO); ``prepare(model, compile=True)`` does it, or loads what is kept, before the first query. The weights
+(INFO, ``minibert.logs``); ``prepare(model, compile=True)`` does it, or loads what is kept, before the first query. The weights
 are frozen in: a weight edited in place, replaced or moved after preparing (or another torch thread count)
 sends every call to the fast path (said once), until ``prepare(model, compile=True)`` is called again.
 
@@ -30,7 +30,7 @@ It sums in its own order (fp32 rounding apart from ``F.linear``), so it is held 
 oneDNN's own order (``fast.NOISE_FACTOR["onednn"]``), and ``compile=True`` refuses the exact routes
 (``fp32_kernel="linear"`` or ``"blocked"``). Where it cannot be built -- no C++ compiler, a model that is not
 fp32 on a CPU, an int8 model, a norm placement other than BERT's -- the fast path runs as today and says why,
-once a process.
+once a process (a ``RuntimeWarning``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -68,10 +69,11 @@ _SAID: set[str] = set()
 
 
 def say_once(message: str) -> None:
-    """``message`` as a warning, once a process (a call that cannot use the compiled forward says why)."""
+    """``message`` as a ``RuntimeWarning``, once a process (a call that cannot use the compiled forward says
+    why, as the library says a slow dtype on this CPU: shown without any logging set up)."""
     if message not in _SAID:
         _SAID.add(message)
-        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def why_not(model: BertModel) -> str | None:
