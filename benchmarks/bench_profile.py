@@ -34,8 +34,10 @@ import bench_cpu_peers as peers  # noqa: E402
 
 
 #: the operators that compute a product, by route: oneDNN (prepacked), F.linear (MKL's GEMM), a plain
-#: matrix product, int8's dynamic kernel -- the profile counts the products whatever route ran them
-PRODUCT_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "quantized::linear_dynamic")
+#: matrix product, int8's kernels (fbgemm's handed the grid, the dynamic one) -- the profile counts the
+#: products whatever route ran them
+PRODUCT_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "quantized::linear_dynamic",
+               "quantized::linear_with_input_q_dq_qweight_dq_output_fp32")
 
 
 def per_call(fn, calls: int) -> float:
