@@ -23,12 +23,12 @@ The integer products run in PyTorch's own int8 kernels; no kernel here is hand-w
 oneDNN's dynamic kernel (``torch.ops.quantized.linear_dynamic``) quantises its input over the whole matrix's
 min and max, so one extra row holding -1 and 1 goes with every call there: the grid is then exactly the
 one above, whatever the other rows. Either way each token's result is independent of the batch by
-construction (up to the kernel's fp32 rounding of the rescale, which may differ with the number of rows). Which library runs the
-kernel is chosen per CPU (``int8_engine``): oneDNN where the CPU has VNNI or AMX int8 instructions (2.6x
-fbgemm's speed at 1024 x 768 x 3072 on a Xeon with AMX); otherwise every engine torch has (oneDNN, x86,
-fbgemm, qnnpack) is timed against fp32 once on this CPU and the fastest taken -- and when even that one is
-slower than fp32, quantising says so (``say_if_slower_than_fp32``): int8 then saves memory, not time.
-Integer sums are exact in every engine, so the results agree up to fp32 rounding.
+construction (up to the kernel's fp32 rounding of the rescale, which may differ with the number of rows).
+Which library runs the kernel is chosen per CPU (``int8_engine``): oneDNN where the CPU has VNNI or AMX
+int8 instructions (2.6x fbgemm's speed at 1024 x 768 x 3072 on a Xeon with AMX); otherwise every engine
+torch has (oneDNN, x86, fbgemm, qnnpack) is timed against fp32 once on this CPU and the fastest taken --
+and when even that one is slower than fp32, quantising says so (``say_if_slower_than_fp32``): int8 then
+saves memory, not time. Integer sums are exact in every engine, so the results agree up to fp32 rounding.
 
 Embeddings, LayerNorms, attention (softmax over fp32 scores), GELU, the pooler and task heads stay fp32.
 

@@ -5,7 +5,6 @@ against fp32 that hold on every x86 CPU (integer products are exact; only the fp
 from __future__ import annotations
 
 import copy
-
 import shutil
 
 import pytest
