@@ -75,3 +75,9 @@ def not_found(path, what: str = "file") -> FileNotFoundError:
     import os
 
     return FileNotFoundError(f"{what} {str(path)!r} not found (looked for {os.path.abspath(os.path.expanduser(path))})")
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """A library's failure in one line of ours: its message's first line ("" if none), cut to ``limit`` with "..."."""
+    line = (str(error).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit - 3] + "..."

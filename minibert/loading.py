@@ -21,7 +21,7 @@ import torch
 
 from .checks import check_parts, encoder_of
 from .config import NORM_MODEL_TYPES, BertConfig, read_json_object
-from .errors import CheckpointError, InputError
+from .errors import CheckpointError, InputError, first_line
 from .names import hub_repo_id, parse_dtype
 from .textfiles import atomic_dir, atomic_file, inside
 
@@ -135,8 +135,7 @@ def resolve_source(source, *, revision=None, files=MODEL_FILES) -> Path:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=list(files)))
     except Exception as e:  # network down, offline cache miss, unknown repo or revision, ...
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        reason = (str(e).strip().splitlines() or [""])[0]
-        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+        reason = first_line(e, limit=120)
         raise FileNotFoundError(
             f"model {str(source)!r} not found: no file or folder {local}, and hub repo {repo_id!r} (revision "
             f"{revision or 'main'}) is not in the cache {constants.HF_HUB_CACHE}"

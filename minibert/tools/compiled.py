@@ -22,8 +22,8 @@ in ``compiled.json``: the machine key (CPU model and flags, threads, torch versi
 weights and configuration it froze (``weights_fingerprint``: a changed checkpoint has another key, so it is
 never served by a stale artefact), the artefact's sha256 (a damaged file is built again), the compile time
 and the times measured. Compiling takes about a minute for all-MiniLM-L6-v2 on 2 cores, said in the log
-(INFO, ``minibert.logs``); ``prepare(model, compile=True)`` does it, or loads what is kept, before the first query. The weights
-are frozen in: a weight edited in place, replaced or moved after preparing (or another torch thread count)
+(INFO, ``minibert.logs``); ``prepare(model, compile=True)`` does it, or loads what is kept, before the
+first query. The weights are frozen in: a weight edited in place, replaced or moved after preparing (or another torch thread count)
 sends every call to the fast path (said once), until ``prepare(model, compile=True)`` is called again.
 
 It sums in its own order (fp32 rounding apart from ``F.linear``), so it is held to the fast path's bound on
@@ -47,9 +47,11 @@ import torch
 
 from .. import measured
 from ..model import BertModel
+from ..errors import first_line
 from ..quantize import Int8Linear
 from ..textfiles import file_sha256
 from . import timing
+from .copies import version_of
 from .fingerprint import weights_fingerprint
 from .plan import SHORT_ROWS
 
@@ -94,8 +96,8 @@ def compiler_missing() -> str | None:
 
         cpp_builder.get_cpp_compiler()
     except Exception as error:  # InvalidCxxCompiler, or an Inductor this torch lacks
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return f"no C++ compiler for AOTInductor here ({first}); install g++ or set $CXX"
+        return (f"no C++ compiler for AOTInductor here ({first_line(error) or type(error).__name__}); install g++ "
+                "or set $CXX")
     return None
 
 
@@ -174,7 +176,7 @@ class Compiled:
         # embeddings' version counters (the copies read those where they are and do not count their edits)
         self.copies = copies
         self.embeddings = list(model.embeddings.parameters())
-        self.versions = [_version(p) for p in self.embeddings]
+        self.versions = [version_of(p) for p in self.embeddings]
 
     def __repr__(self) -> str:
         return f"Compiled({self.path.name}, serves {MIN_ROWS}..{self.up_to} real tokens)"
@@ -184,17 +186,10 @@ class Compiled:
 
     def stale(self, copies) -> bool:
         """Whether the weights it froze have changed since: ``copies`` is the fast path's current set."""
-        return copies is not self.copies or [_version(p) for p in self.embeddings] != self.versions
+        return copies is not self.copies or [version_of(p) for p in self.embeddings] != self.versions
 
     def __call__(self, input_ids, token_type_ids, position_ids) -> list[torch.Tensor]:
         return self.runner(input_ids, token_type_ids, position_ids)
-
-
-def _version(p: torch.Tensor):
-    try:
-        return p._version
-    except RuntimeError:  # an inference tensor has no version counter
-        return None
 
 
 def compiled_for(model: BertModel, copies, fast_forward) -> Compiled | None:
@@ -243,9 +238,8 @@ def compiled_for(model: BertModel, copies, fast_forward) -> Compiled | None:
             return None
         runner = made.get("runner") or load(folder / entry["file"])
     except Exception as error:  # export or compilation failed: the fast path as it is
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        say_once(f"fast path: the compiled forward could not be built ({type(error).__name__}: {first}); "
-                 "the fast path runs as it is")
+        say_once(f"fast path: the compiled forward could not be built ({type(error).__name__}: "
+                 f"{first_line(error)}); the fast path runs as it is")
         return None
     compiled = Compiled(model, runner, entry, folder / entry["file"], copies)
     log.info("fast path: compiled forward %s (compiled in %s s; time / the fast path's: %s): it serves one input "

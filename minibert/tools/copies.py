@@ -44,7 +44,7 @@ class Copies:
         self.sizes = list(map(len, self.sized))
         params = [*model.encoder.parameters(), *(p for top in live for p in top.parameters())]
         self.params, self.pointers = params, [p.data_ptr() for p in params]
-        self.versioned = [p for p in model.encoder.parameters() if _version(p) is not None]  # live ones: none
+        self.versioned = [p for p in model.encoder.parameters() if version_of(p) is not None]  # live ones: none
         self.versions = [p._version for p in self.versioned]
         # torch's hook dicts of every module (filled and emptied in place): a torch hook anywhere sends a
         # call to the readable path, where it fires (captum's layer methods, say)
@@ -102,7 +102,8 @@ class Copies:
         return total
 
 
-def _version(p: torch.Tensor):
+def version_of(p: torch.Tensor):
+    """``p``'s version counter (bumped by every in-place edit), or None for an inference tensor, which has none."""
     try:
         return p._version
     except RuntimeError:  # inference tensors have no version counter
